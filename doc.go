@@ -1,0 +1,30 @@
+// Package dsync provides the locks of package sync — [Mutex] (and, later,
+// RWMutex and a first-come-first-served FairMutex) — shared by every process
+// that reaches one MySQL-compatible database (MySQL 5.7/8, MariaDB 10.6+).
+//
+// A [Session] holds a lease row that a background goroutine renews every
+// TTL/3; every lock taken through the session lives exactly as long as that
+// lease. The lease ends on the database's own clock, so clock skew between
+// clients never breaks mutual exclusion, and a process that dies frees its
+// locks at most one TTL later. A session that cannot renew in time learns it
+// first: [Session.Done] closes before the database would let anyone else
+// take its locks.
+//
+// Lock blocks (polling with jittered exponential back-off) until the lock is
+// free, honours ctx, and hands out a fencing token ([Mutex.Fence]) that is
+// strictly greater for every acquisition of a name. Ownership travels in the
+// context ([WithOwner]): a lock taken with an owner is reentrant for it and
+// only it may unlock. Goroutines of one process contend on an in-process
+// mutex first, so only one of them at a time talks to the database.
+//
+// Errors are the sentinels of this package, wrapped with context: test them
+// with [errors.Is]. Misuse, such as unlocking a lock that is not held, is an
+// error, never a panic.
+//
+// # Tables
+//
+// NewSession creates two tables (names with the prefix of
+// [WithTablePrefix], default "dsync_"): lease, one row per live session, and
+// lock, one row per lock name ever used (rows are kept, so fences never go
+// back). See queries.go for every statement dsync sends.
+package dsync

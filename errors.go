@@ -1,0 +1,61 @@
+package dsync
+
+import (
+	"errors"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Sentinel errors. dsync wraps them with context (the lock name, the
+// underlying cause), so compare with [errors.Is], never with ==.
+var (
+	// ErrNotHeld is returned by Unlock when this process does not hold the
+	// lock (never locked, or already unlocked), and by Unlock when the lock
+	// row turned out to belong to someone else.
+	ErrNotHeld = errors.New("dsync: lock not held")
+
+	// ErrNotOwner is returned by Unlock when the lock was taken with an owner
+	// (see [WithOwner]) and ctx carries a different owner or none.
+	ErrNotOwner = errors.New("dsync: lock held by another owner")
+
+	// ErrSessionExpired is returned by every call on a session whose lease
+	// could not be renewed in time: its locks may already belong to others.
+	ErrSessionExpired = errors.New("dsync: session lease expired")
+
+	// ErrSessionClosed is returned by every call on a session after
+	// [Session.Close].
+	ErrSessionClosed = errors.New("dsync: session closed")
+
+	// ErrInvalidName is returned for a lock name that is empty, longer than
+	// 255 bytes or not valid UTF-8.
+	ErrInvalidName = errors.New("dsync: invalid lock name")
+
+	// ErrInvalidOption is returned by [NewSession] for a bad option value or
+	// a nil *sql.DB.
+	ErrInvalidOption = errors.New("dsync: invalid option")
+
+	// ErrNotObtained is returned by a blocking Lock when the back-off policy
+	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
+	// became free.
+	ErrNotObtained = errors.New("dsync: lock not obtained")
+)
+
+// isMySQLError reports whether err is a server error with the given number.
+func isMySQLError(err error, number uint16) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == number
+}
+
+// retryable reports whether a failed lock statement may simply be tried
+// again: a deadlock (1213) rolled it back, a lock wait timeout (1205) ran
+// out behind another statement, or the connection failed (the session's
+// keep-alive decides when an outage has lasted too long). Other server
+// errors, such as 1290 (read-only server) or a missing table, are
+// configuration facts and are returned to the caller.
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return true
+	}
+	return me.Number == 1213 || me.Number == 1205
+}

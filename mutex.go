@@ -1,0 +1,235 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// A Mutex is a mutual exclusion lock shared by every process whose
+// [Session] reaches the same database and table prefix: at any instant, by
+// the database's clock, at most one session holds it. Create it with
+// [NewMutex]; the zero value is not usable. A Mutex is safe for concurrent
+// use, and any number of Mutex values may name the same lock: within one
+// Session they share one in-process state, and goroutines of the process
+// queue locally, so only one of them at a time waits on the database.
+//
+// Each acquisition gets a fencing token ([Mutex.Fence]) greater than that of
+// every earlier acquisition of the name. Hand it to the resources the lock
+// protects and have them refuse a smaller one: that is what keeps a holder
+// whose lease ran out mid-operation (a long pause) from doing harm.
+//
+// Without an owner in ctx (see [WithOwner]) a Mutex behaves like
+// sync.Mutex: a second Lock waits, and any goroutine may Unlock. With an
+// owner it is reentrant for that owner and only that owner may unlock it.
+//
+// The lock lives as long as its session's lease: when [Session.Done] closes
+// the lock may already belong to someone else.
+type Mutex struct {
+	s    *Session
+	name string
+	err  error // the name's validation error, returned by every call
+}
+
+// NewMutex returns the mutex called name in s's lock space. Names are exact
+// byte strings ("Lock", "lock" and "lock " are three locks), 1 to 255 bytes
+// of UTF-8; with another name every method returns [ErrInvalidName].
+// NewMutex panics if s is nil, a programmer error.
+func NewMutex(s *Session, name string) *Mutex {
+	if s == nil {
+		panic("dsync: NewMutex with nil Session")
+	}
+	return &Mutex{s: s, name: name, err: validName(name)}
+}
+
+// Name returns the lock's name.
+func (m *Mutex) Name() string { return m.name }
+
+// Fence returns the fencing token of the current hold of the lock by this
+// process through m's session, or 0 when it does not hold it (or the session
+// has ended).
+func (m *Mutex) Fence() int64 {
+	if m.err != nil || m.s.Err() != nil {
+		return 0
+	}
+	l := m.s.lookup(m.name)
+	if l == nil {
+		return 0
+	}
+	return l.currentFence()
+}
+
+// Lock blocks until the lock is acquired, ctx ends, or the session ends.
+// It returns nil when acquired; an error wrapping ctx.Err() when ctx ended
+// first; [ErrSessionExpired] or [ErrSessionClosed] when the session ended;
+// [ErrInvalidName]; [ErrNotObtained] when the back-off policy gave up; or a
+// database error. On error the lock is not held: an acquisition that reached
+// the database just as ctx ended is undone.
+func (m *Mutex) Lock(ctx context.Context) error {
+	_, err := m.lock(ctx, true)
+	return err
+}
+
+// TryLock makes one attempt to acquire the lock without waiting. It returns
+// true, nil when acquired; false, nil when another holder has it (another
+// session, or another goroutine of this process holding or acquiring it);
+// and false with an error as Lock does otherwise.
+func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
+	return m.lock(ctx, false)
+}
+
+func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
+	if m.err != nil {
+		return false, m.err
+	}
+	if err := m.s.Err(); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("dsync: lock %q: %w", m.name, err)
+	}
+	owner := ownerOf(ctx)
+	l := m.s.ref(m.name)
+	if l.reenter(owner) {
+		m.s.unref(m.name, l)
+		return true, nil
+	}
+	entered, err := m.s.enter(ctx, l, wait)
+	if !entered {
+		m.s.unref(m.name, l)
+		if err != nil {
+			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
+		}
+		return false, err
+	}
+	fence, token, err := m.acquire(ctx, wait)
+	if err != nil || fence == 0 {
+		l.leave()
+		m.s.unref(m.name, l)
+		if err != nil {
+			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
+		}
+		return false, err
+	}
+	l.mu.Lock()
+	l.held, l.owner, l.count, l.fence, l.token = true, owner, 1, fence, token
+	l.mu.Unlock()
+	return true, nil // the reference from ref now belongs to the hold
+}
+
+// acquire takes the lock row, polling with back-off while others hold it
+// when wait is set. It returns the fence and token of the acquisition, or a
+// zero fence when wait is false and the row is held.
+func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err error) {
+	var b backoff.BackOff
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		token = m.s.nextToken()
+		fence, err = m.s.acquireRow(ctx, m.name, token)
+		switch {
+		case err == nil && fence > 0:
+			return fence, token, nil
+		case err == nil && !wait:
+			return 0, 0, nil
+		case err != nil && ctx.Err() != nil:
+			return 0, 0, ctx.Err()
+		case err != nil && m.s.Err() != nil:
+			return 0, 0, m.s.Err()
+		case err != nil && (!wait || !retryable(err)):
+			return 0, 0, err
+		case err != nil:
+			m.s.logger.Debug("dsync: acquire failed; retrying", "name", m.name, "err", err)
+		}
+		if b == nil {
+			b = m.s.opts.newBackOff()
+		}
+		d := b.NextBackOff()
+		if d == backoff.Stop {
+			return 0, 0, ErrNotObtained
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-m.s.done:
+			return 0, 0, m.s.Err()
+		}
+	}
+}
+
+// Unlock releases one hold of the lock. With an owner in ctx it undoes one
+// Lock of that owner and frees the lock when the last is undone. The release
+// statement runs with ctx's values but not its cancellation, bounded by the
+// session's TTL, so a cancelled caller still frees the lock.
+//
+// It returns [ErrNotHeld] when this process does not hold the lock,
+// [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
+// [ErrSessionClosed] when the session has ended (the lock is then gone
+// anyway), or a database error; after a database error the hold is over in
+// this process and the session frees the row in the background.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	if m.err != nil {
+		return m.err
+	}
+	l := m.s.lookup(m.name)
+	if l == nil {
+		return m.notHeld()
+	}
+	l.mu.Lock()
+	if !l.held {
+		l.mu.Unlock()
+		return m.notHeld()
+	}
+	if l.owner != 0 && l.owner != ownerOf(ctx) {
+		l.mu.Unlock()
+		return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotOwner)
+	}
+	if l.count--; l.count > 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	token := l.token
+	l.held, l.owner, l.fence, l.token = false, 0, 0, 0
+	l.mu.Unlock()
+	defer m.s.unref(m.name, l)
+	defer l.leave() // after the row is free, so the next local holder finds it free
+
+	if err := m.s.Err(); err != nil {
+		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.s.opts.ttl)
+	defer cancel()
+	freed, err := m.s.releaseRow(ctx, m.name, token)
+	switch {
+	case err != nil:
+		m.s.addOrphan(m.name, token)
+		return fmt.Errorf("dsync: unlock %q (the session retries in the background): %w", m.name, err)
+	case !freed:
+		if serr := m.s.Err(); serr != nil {
+			return fmt.Errorf("dsync: unlock %q: %w", m.name, serr)
+		}
+		return fmt.Errorf("dsync: unlock %q: row taken over, the lease must have lapsed: %w", m.name, ErrNotHeld)
+	}
+	return nil
+}
+
+// notHeld returns the error for unlocking a lock that is not held: the
+// session's end when it has ended, else ErrNotHeld.
+func (m *Mutex) notHeld() error {
+	if err := m.s.Err(); err != nil {
+		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+	}
+	return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotHeld)
+}

@@ -1,0 +1,147 @@
+package dsync
+
+import "strings"
+
+// All SQL that dsync sends lives in this file. Each statement names its
+// arguments (in order) and what its result means. The table names carry the
+// session's table prefix: "{p}" is replaced by it, and the prefix is
+// validated by [WithTablePrefix] to [A-Za-z0-9_]{0,32}, so no other text from
+// outside ever reaches SQL.
+
+// Schema. Lock rows are never deleted, so a name's fence never goes back.
+const (
+	// qCreateLease creates the lease table: one row per live Session.
+	// expires_at is on the server's clock; a lease is live while
+	// expires_at > NOW(6).
+	qCreateLease = `CREATE TABLE IF NOT EXISTS {p}lease (
+  id         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
+  created_at DATETIME(6)  NOT NULL,
+  expires_at DATETIME(6)  NOT NULL,
+  KEY {p}lease_expires_at (expires_at)
+) ENGINE=InnoDB`
+
+	// qCreateLock creates the lock table: one row per lock name ever used.
+	// holder is the lease id of the holding session (0: free), token the
+	// holder's per-acquisition token (chosen by the client before the write,
+	// so an ambiguous acquire can be undone), fence the fencing token of the
+	// latest acquisition. A row whose holder's lease has ended is free.
+	qCreateLock = `CREATE TABLE IF NOT EXISTS {p}lock (
+  name        VARBINARY(255) NOT NULL PRIMARY KEY,
+  holder      BIGINT         NOT NULL DEFAULT 0,
+  token       BIGINT         NOT NULL DEFAULT 0,
+  fence       BIGINT         NOT NULL DEFAULT 0,
+  acquired_at DATETIME(6)    NULL,
+  KEY {p}lock_holder (holder)
+) ENGINE=InnoDB`
+)
+
+// Connection setup, run once on every connection the session uses.
+const (
+	// qReadCommitted keeps lock statements free of gap locks.
+	qReadCommitted = `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`
+)
+
+// Lease statements.
+const (
+	// qLeaseInsert creates the session's lease.
+	// Args: label, ttl in microseconds. LastInsertId: the lease id.
+	qLeaseInsert = `INSERT INTO {p}lease (label, created_at, expires_at)
+VALUES (?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND)`
+
+	// qLeaseRenew extends a lease that has not yet ended.
+	// Args: ttl in microseconds, lease id. RowsAffected 0: the lease had
+	// already ended (or was deleted) on the server; it is lost for good.
+	qLeaseRenew = `UPDATE {p}lease SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+WHERE id = ? AND expires_at > NOW(6)`
+
+	// qLeaseDelete removes the session's lease; any lock row still naming it
+	// is free from then on. Args: lease id.
+	qLeaseDelete = `DELETE FROM {p}lease WHERE id = ?`
+
+	// qLeasePurge deletes leases that ended over an hour ago (crashed
+	// sessions), so the table does not grow without bound. A lock row naming
+	// a missing lease is free, exactly as one naming an ended lease.
+	qLeasePurge = `DELETE FROM {p}lease WHERE expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT 1000`
+)
+
+// Lock statements.
+const (
+	// qLockAcquire takes the lock row for a session in one autocommit
+	// statement. Args: name, lease id, token, lease id, -lease id, token,
+	// lease id.
+	//
+	// LastInsertId is the new fence when the lock was taken, 0 when another
+	// live lease holds it.
+	//
+	// A row that this session itself holds counts as free: a session runs
+	// at most one acquisition per name at a time (the local layer sees to
+	// that), so such a row is an orphan of an earlier attempt whose outcome
+	// was unknown, and taking it over with a new token and fence is what
+	// frees it.
+	// RowsAffected is not used: it depends on the client's clientFoundRows.
+	//
+	// A new row is inserted held, with fence 1. For an existing row the
+	// ON DUPLICATE KEY UPDATE assignments run left to right, each seeing the
+	// ones before it, so the free/held decision is made exactly once, by the
+	// first: it marks the row taken by writing -leaseID into holder (lease ids
+	// are positive, so a stored row never holds a negative value), and the
+	// later assignments test for that mark and finally replace it with the
+	// lease id. LAST_INSERT_ID(expr) hands the fence back in the OK packet;
+	// the not-taken branch sets it to 0 so no earlier statement's value leaks.
+	qLockAcquire = `INSERT INTO {p}lock (name, holder, token, fence, acquired_at)
+VALUES (?, ?, ?, LAST_INSERT_ID(1), NOW(6))
+ON DUPLICATE KEY UPDATE
+  holder = IF(holder = ? OR NOT EXISTS (SELECT 1 FROM {p}lease l
+                                       WHERE l.id = {p}lock.holder AND l.expires_at > NOW(6)),
+              ?, holder),
+  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  acquired_at = IF(holder < 0, NOW(6), acquired_at),
+  token = IF(holder < 0, ?, token),
+  holder = IF(holder < 0, ?, holder)`
+
+	// qLockRelease frees a lock row if, and only if, it is still held by
+	// this acquisition. Idempotent, so it also undoes an acquire whose
+	// outcome is unknown. Args: name, lease id, token. RowsAffected 1: freed;
+	// 0: this acquisition did not hold it (never landed, or lost).
+	qLockRelease = `UPDATE {p}lock SET holder = 0, token = 0
+WHERE name = ? AND holder = ? AND token = ?`
+
+	// qLockReleaseAll frees every lock row held by a session; used by Close.
+	// Args: lease id.
+	qLockReleaseAll = `UPDATE {p}lock SET holder = 0, token = 0 WHERE holder = ?`
+)
+
+// stmtIndex names the statements prepared on every session connection.
+type stmtIndex int
+
+const (
+	sLeaseRenew stmtIndex = iota
+	sLockAcquire
+	sLockRelease
+	numStmts
+)
+
+// queries holds the statements of one table prefix.
+type queries struct {
+	createLease, createLock              string
+	leaseInsert, leaseDelete, leasePurge string
+	lockReleaseAll                       string
+	prepared                             [numStmts]string // indexed by stmtIndex
+}
+
+func newQueries(prefix string) *queries {
+	r := strings.NewReplacer("{p}", prefix)
+	q := &queries{
+		createLease:    r.Replace(qCreateLease),
+		createLock:     r.Replace(qCreateLock),
+		leaseInsert:    r.Replace(qLeaseInsert),
+		leaseDelete:    r.Replace(qLeaseDelete),
+		leasePurge:     r.Replace(qLeasePurge),
+		lockReleaseAll: r.Replace(qLockReleaseAll),
+	}
+	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
+	q.prepared[sLockAcquire] = r.Replace(qLockAcquire)
+	q.prepared[sLockRelease] = r.Replace(qLockRelease)
+	return q
+}
