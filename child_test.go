@@ -1,5 +1,237 @@
 package dsync_test
 
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// Tests that need several OS processes re-run this test binary with
+// childEnv set; TestMain then runs the named role instead of the tests.
 const childEnv = "DSYNC_TEST_CHILD"
 
-func runChild(role string) int { return 2 }
+// childConfig is what a child process is told through its environment.
+type childConfig struct {
+	Role       string
+	DSN        string
+	Name       string        // lock name
+	Table      string        // counter table (role "counter")
+	Goroutines int           // goroutines per process
+	Iterations int           // lock acquisitions per goroutine
+	TTL        time.Duration // session TTL
+}
+
+func (c childConfig) env() []string {
+	return append(os.Environ(),
+		childEnv+"="+c.Role,
+		"DSYNC_CHILD_DSN="+c.DSN,
+		"DSYNC_CHILD_NAME="+c.Name,
+		"DSYNC_CHILD_TABLE="+c.Table,
+		"DSYNC_CHILD_GOROUTINES="+strconv.Itoa(c.Goroutines),
+		"DSYNC_CHILD_ITERATIONS="+strconv.Itoa(c.Iterations),
+		"DSYNC_CHILD_TTL="+c.TTL.String(),
+	)
+}
+
+func childConfigFromEnv(role string) childConfig {
+	atoi := func(k string) int { n, _ := strconv.Atoi(os.Getenv(k)); return n }
+	ttl, _ := time.ParseDuration(os.Getenv("DSYNC_CHILD_TTL"))
+	return childConfig{
+		Role:       role,
+		DSN:        os.Getenv("DSYNC_CHILD_DSN"),
+		Name:       os.Getenv("DSYNC_CHILD_NAME"),
+		Table:      os.Getenv("DSYNC_CHILD_TABLE"),
+		Goroutines: atoi("DSYNC_CHILD_GOROUTINES"),
+		Iterations: atoi("DSYNC_CHILD_ITERATIONS"),
+		TTL:        ttl,
+	}
+}
+
+// startChild starts a child process and returns it with its stdout; the
+// child is killed (if still running) and waited for when the test ends.
+func startChild(t testing.TB, c childConfig) (*exec.Cmd, *bufio.Reader) {
+	t.Helper()
+	if c.DSN == "" {
+		c.DSN = dbtest.DSN()
+	}
+	if c.TTL == 0 {
+		c.TTL = dsync.DefaultTTL
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = c.env()
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start child: %v", err)
+	}
+	var once sync.Once
+	t.Cleanup(func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	})
+	return cmd, bufio.NewReader(out)
+}
+
+// expectLine reads one line from a child and fails unless it is want.
+func expectLine(t testing.TB, r *bufio.Reader, want string) {
+	t.Helper()
+	line, err := r.ReadString('\n')
+	if got := strings.TrimSpace(line); got != want || err != nil {
+		t.Fatalf("child said %q (%v); want %q", got, err, want)
+	}
+}
+
+func runChild(role string) int {
+	c := childConfigFromEnv(role)
+	var err error
+	switch role {
+	case "counter":
+		err = childCounter(c)
+	case "hold":
+		err = childHold(c)
+	case "churn":
+		err = childChurn(c)
+	default:
+		err = fmt.Errorf("unknown child role %q", role)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "child %s (pid %d): %v\n", role, os.Getpid(), err)
+		return 1
+	}
+	return 0
+}
+
+func childSession(c childConfig) (*sql.DB, *dsync.Session, error) {
+	db, err := sql.Open("mysql", c.DSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := dsync.NewSession(context.Background(), db, dsync.WithTTL(c.TTL))
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return db, s, nil
+}
+
+// childCounter increments the counter row of c.Table by read-modify-write
+// under the lock, from c.Goroutines goroutines, and logs each increment with
+// its fence.
+func childCounter(c childConfig) error {
+	db, s, err := childSession(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	defer s.Close()
+	m := dsync.NewMutex(s, c.Name)
+	ctx := context.Background()
+	errs := make(chan error, c.Goroutines)
+	for g := 0; g < c.Goroutines; g++ {
+		go func() {
+			for i := 0; i < c.Iterations; i++ {
+				if err := increment(ctx, db, m, c.Table); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := 0; g < c.Goroutines; g++ {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// increment is one critical section: read the counter, write it back plus
+// one, log the fence, through connections of db (not the session's).
+func increment(ctx context.Context, db *sql.DB, m *dsync.Mutex, table string) error {
+	if err := m.Lock(ctx); err != nil {
+		return err
+	}
+	var v int64
+	err := db.QueryRowContext(ctx, "SELECT value FROM "+table+" WHERE id = 1").Scan(&v)
+	if err == nil {
+		_, err = db.ExecContext(ctx, "UPDATE "+table+" SET value = ? WHERE id = 1", v+1)
+	}
+	if err == nil {
+		_, err = db.ExecContext(ctx, "INSERT INTO "+table+"_log (fence, value) VALUES (?, ?)", m.Fence(), v+1)
+	}
+	if uerr := m.Unlock(ctx); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// childHold takes the lock, says "locked" and waits to be killed.
+func childHold(c childConfig) error {
+	db, s, err := childSession(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	defer s.Close()
+	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	time.Sleep(time.Hour)
+	return nil
+}
+
+// childChurn says "ready", waits for a line on stdin, then locks and
+// unlocks c.Iterations times from c.Goroutines goroutines.
+func childChurn(c childConfig) error {
+	db, s, err := childSession(c)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	defer s.Close()
+	m := dsync.NewMutex(s, c.Name)
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, c.Goroutines)
+	for g := 0; g < c.Goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < c.Iterations; i++ {
+				if err := m.Lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if err := m.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

@@ -56,14 +56,8 @@ func Setup() (stop func(), err error) {
 	_, _ = rand.Read(b[:])
 	dbName := "dsync_test_" + hex.EncodeToString(b[:])
 
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err == nil {
-		_, err = admin.ExecContext(ctx, "CREATE DATABASE "+dbName)
-	}
-	if err != nil {
-		if admin != nil {
-			admin.Close()
-		}
+	adminDSN := cfg.FormatDSN()
+	if err := exec(ctx, adminDSN, "CREATE DATABASE "+dbName); err != nil {
 		if server != nil {
 			server.Stop()
 		}
@@ -74,12 +68,23 @@ func Setup() (stop func(), err error) {
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+dbName)
-		admin.Close()
+		_ = exec(ctx, adminDSN, "DROP DATABASE IF EXISTS "+dbName)
 		if server != nil {
 			server.Stop()
 		}
 	}, nil
+}
+
+// exec runs one statement on a connection of its own, so that nothing is
+// left open between Setup and stop.
+func exec(ctx context.Context, dsn, query string) error {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, query)
+	return err
 }
 
 // Open returns a new connection pool to this run's database, closed when the

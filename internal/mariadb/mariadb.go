@@ -29,8 +29,8 @@ var ErrNotInstalled = errors.New("mariadb: mariadbd or mariadb-install-db not fo
 type Server struct {
 	dir  string    // temporary directory holding datadir, socket and logs
 	port int       // loopback TCP port the server listens on
-	cmd  *exec.Cmd // the mariadbd process
-	exit chan error
+	cmd  *exec.Cmd // the mariadbd process; reaped with wait4 by exited, so
+	// that no goroutine waits on it (test binaries check for leaked goroutines)
 }
 
 // find returns the path of the first of names found in PATH or in sbin
@@ -129,8 +129,7 @@ func start(ctx context.Context, mariadbd, dir string, userArgs []string) (*Serve
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("mariadb: start %s: %w", mariadbd, err)
 	}
-	s := &Server{dir: dir, port: port, cmd: cmd, exit: make(chan error, 1)}
-	go func() { s.exit <- cmd.Wait() }()
+	s := &Server{dir: dir, port: port, cmd: cmd}
 
 	db, err := sql.Open("mysql", s.DSN(""))
 	if err != nil {
@@ -147,14 +146,14 @@ func start(ctx context.Context, mariadbd, dir string, userArgs []string) (*Serve
 		if err == nil {
 			return s, nil
 		}
-		select {
-		case werr := <-s.exit:
-			s.exit <- werr
+		if status, exited := s.exited(); exited {
 			log, _ := os.ReadFile(logFile)
 			if i := bytes.LastIndex(log, []byte("[ERROR]")); i > 0 {
 				log = log[i:]
 			}
-			return nil, fmt.Errorf("mariadb: mariadbd exited (%v): %s", werr, bytes.TrimSpace(log))
+			return nil, fmt.Errorf("mariadb: mariadbd exited (status %d): %s", status.ExitStatus(), bytes.TrimSpace(log))
+		}
+		select {
 		case <-ctx.Done():
 			s.kill()
 			return nil, fmt.Errorf("mariadb: server did not come up: %w (last ping: %v)", ctx.Err(), err)
@@ -177,19 +176,37 @@ func (s *Server) DSN(dbName string) string {
 	return cfg.FormatDSN()
 }
 
-func (s *Server) kill() {
-	_ = s.cmd.Process.Kill()
-	<-s.exit
+// exited reaps the server process if it has exited, without blocking.
+func (s *Server) exited() (syscall.WaitStatus, bool) {
+	var status syscall.WaitStatus
+	pid, err := syscall.Wait4(s.cmd.Process.Pid, &status, syscall.WNOHANG, nil)
+	return status, pid == s.cmd.Process.Pid || err == syscall.ECHILD
 }
 
-// Stop shuts the server down (SIGTERM, then SIGKILL after 10 s) and removes
+// waitExit waits up to d for the server process to exit.
+func (s *Server) waitExit(d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, ok := s.exited(); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) kill() {
+	_ = s.cmd.Process.Kill()
+	s.waitExit(10 * time.Second)
+	_ = s.cmd.Process.Release()
+}
+
+// Stop shuts the server down (SIGTERM, then SIGKILL after 20 s) and removes
 // its temporary directory.
 func (s *Server) Stop() error {
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exit:
-	case <-time.After(10 * time.Second):
-		s.kill()
+	if !s.waitExit(20 * time.Second) {
+		_ = s.cmd.Process.Kill()
+		s.waitExit(10 * time.Second)
 	}
+	_ = s.cmd.Process.Release()
 	return os.RemoveAll(s.dir)
 }
