@@ -123,6 +123,8 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 // when wait is set. It returns the fence and token of the acquisition, or a
 // zero fence when wait is false and the row is held.
 func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err error) {
+	m.s.acquiring.Add(1)
+	defer m.s.acquiring.Add(-1)
 	var b backoff.BackOff
 	var timer *time.Timer
 	defer func() {

@@ -3,22 +3,23 @@ package dsync
 import "strings"
 
 // All SQL that dsync sends lives in this file. Each statement names its
-// arguments (in order) and what its result means. The table names carry the
-// session's table prefix: "{p}" is replaced by it, and the prefix is
-// validated by [WithTablePrefix] to [A-Za-z0-9_]{0,32}, so no other text from
-// outside ever reaches SQL.
+// arguments (in order) and what its result means. "{lease}" and "{lock}"
+// stand for the session's table names: the table prefix, validated by
+// NewSession to [A-Za-z0-9_]{0,32}, plus "lease" or "lock", in backquotes
+// (an empty prefix leaves the reserved word lock). No other text from
+// outside ever reaches SQL: every value is a statement argument.
 
 // Schema. Lock rows are never deleted, so a name's fence never goes back.
 const (
 	// qCreateLease creates the lease table: one row per live Session.
 	// expires_at is on the server's clock; a lease is live while
 	// expires_at > NOW(6).
-	qCreateLease = `CREATE TABLE IF NOT EXISTS {p}lease (
+	qCreateLease = `CREATE TABLE IF NOT EXISTS {lease} (
   id         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
   label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
   created_at DATETIME(6)  NOT NULL,
   expires_at DATETIME(6)  NOT NULL,
-  KEY {p}lease_expires_at (expires_at)
+  KEY expires_at_idx (expires_at)
 ) ENGINE=InnoDB`
 
 	// qCreateLock creates the lock table: one row per lock name ever used.
@@ -26,13 +27,13 @@ const (
 	// holder's per-acquisition token (chosen by the client before the write,
 	// so an ambiguous acquire can be undone), fence the fencing token of the
 	// latest acquisition. A row whose holder's lease has ended is free.
-	qCreateLock = `CREATE TABLE IF NOT EXISTS {p}lock (
+	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name        VARBINARY(255) NOT NULL PRIMARY KEY,
   holder      BIGINT         NOT NULL DEFAULT 0,
   token       BIGINT         NOT NULL DEFAULT 0,
   fence       BIGINT         NOT NULL DEFAULT 0,
   acquired_at DATETIME(6)    NULL,
-  KEY {p}lock_holder (holder)
+  KEY holder_idx (holder)
 ) ENGINE=InnoDB`
 )
 
@@ -46,23 +47,23 @@ const (
 const (
 	// qLeaseInsert creates the session's lease.
 	// Args: label, ttl in microseconds. LastInsertId: the lease id.
-	qLeaseInsert = `INSERT INTO {p}lease (label, created_at, expires_at)
+	qLeaseInsert = `INSERT INTO {lease} (label, created_at, expires_at)
 VALUES (?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND)`
 
 	// qLeaseRenew extends a lease that has not yet ended.
 	// Args: ttl in microseconds, lease id. RowsAffected 0: the lease had
 	// already ended (or was deleted) on the server; it is lost for good.
-	qLeaseRenew = `UPDATE {p}lease SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+	qLeaseRenew = `UPDATE {lease} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
 WHERE id = ? AND expires_at > NOW(6)`
 
 	// qLeaseDelete removes the session's lease; any lock row still naming it
 	// is free from then on. Args: lease id.
-	qLeaseDelete = `DELETE FROM {p}lease WHERE id = ?`
+	qLeaseDelete = `DELETE FROM {lease} WHERE id = ?`
 
 	// qLeasePurge deletes leases that ended over an hour ago (crashed
 	// sessions), so the table does not grow without bound. A lock row naming
 	// a missing lease is free, exactly as one naming an ended lease.
-	qLeasePurge = `DELETE FROM {p}lease WHERE expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT 1000`
+	qLeasePurge = `DELETE FROM {lease} WHERE expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT 1000`
 )
 
 // Lock statements.
@@ -89,11 +90,11 @@ const (
 	// later assignments test for that mark and finally replace it with the
 	// lease id. LAST_INSERT_ID(expr) hands the fence back in the OK packet;
 	// the not-taken branch sets it to 0 so no earlier statement's value leaks.
-	qLockAcquire = `INSERT INTO {p}lock (name, holder, token, fence, acquired_at)
+	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence, acquired_at)
 VALUES (?, ?, ?, LAST_INSERT_ID(1), NOW(6))
 ON DUPLICATE KEY UPDATE
-  holder = IF(holder = ? OR NOT EXISTS (SELECT 1 FROM {p}lease l
-                                       WHERE l.id = {p}lock.holder AND l.expires_at > NOW(6)),
+  holder = IF(holder = ? OR NOT EXISTS (SELECT 1 FROM {lease} l
+                                       WHERE l.id = {lock}.holder AND l.expires_at > NOW(6)),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   acquired_at = IF(holder < 0, NOW(6), acquired_at),
@@ -104,12 +105,12 @@ ON DUPLICATE KEY UPDATE
 	// this acquisition. Idempotent, so it also undoes an acquire whose
 	// outcome is unknown. Args: name, lease id, token. RowsAffected 1: freed;
 	// 0: this acquisition did not hold it (never landed, or lost).
-	qLockRelease = `UPDATE {p}lock SET holder = 0, token = 0
+	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0
 WHERE name = ? AND holder = ? AND token = ?`
 
 	// qLockReleaseAll frees every lock row held by a session; used by Close.
 	// Args: lease id.
-	qLockReleaseAll = `UPDATE {p}lock SET holder = 0, token = 0 WHERE holder = ?`
+	qLockReleaseAll = `UPDATE {lock} SET holder = 0, token = 0 WHERE holder = ?`
 )
 
 // stmtIndex names the statements prepared on every session connection.
@@ -131,7 +132,7 @@ type queries struct {
 }
 
 func newQueries(prefix string) *queries {
-	r := strings.NewReplacer("{p}", prefix)
+	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`")
 	q := &queries{
 		createLease:    r.Replace(qCreateLease),
 		createLock:     r.Replace(qCreateLock),

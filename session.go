@@ -116,6 +116,7 @@ type Session struct {
 	logger *slog.Logger
 
 	lastToken atomic.Int64  // last acquisition token handed out
+	acquiring atomic.Int64  // goroutines in a database acquisition (see localLock)
 	done      chan struct{} // closed when err is set
 	stop      context.CancelFunc
 	stopped   context.Context // ends when Close starts
