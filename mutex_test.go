@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,4 +75,276 @@ func TestMutexLockUnlock(t *testing.T) {
 	if err := m2.Unlock(ctx); !errors.Is(err, dsync.ErrNotHeld) {
 		t.Fatalf("second Unlock: got %v; want ErrNotHeld", err)
 	}
+}
+
+func TestMutexOwnerReentrant(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	m := dsync.NewMutex(newSession(t), name)
+	other := dsync.NewMutex(newSession(t), name)
+	owner := dsync.WithOwner(bg)
+
+	mustLock(t, m, owner)
+	fence := m.Fence()
+	mustLock(t, m, owner) // reentrant: returns at once
+	if got := m.Fence(); got != fence {
+		t.Fatalf("Fence after reentrant Lock: got %d; want %d", got, fence)
+	}
+	mustUnlock(t, m, owner)
+	if ok, err := other.TryLock(bg); ok || err != nil {
+		t.Fatalf("TryLock after 1 of 2 Unlocks: got %v, %v; want false, nil", ok, err)
+	}
+	mustUnlock(t, m, owner)
+	if ok, err := other.TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock after 2 of 2 Unlocks: got %v, %v; want true, nil", ok, err)
+	}
+	mustUnlock(t, other, bg)
+	if err := m.Unlock(owner); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("third Unlock: got %v; want ErrNotHeld", err)
+	}
+}
+
+func TestMutexWithoutOwnerAnyGoroutineUnlocks(t *testing.T) {
+	bg := context.Background()
+	s := newSession(t)
+	m := dsync.NewMutex(s, lockName(t))
+	mustLock(t, m, bg)
+	// Like sync.Mutex: the lock is not tied to a goroutine, and any context
+	// (even one with an owner) may unlock it.
+	errc := make(chan error)
+	go func() { errc <- m.Unlock(dsync.WithOwner(bg)) }()
+	if err := <-errc; err != nil {
+		t.Fatalf("Unlock from another goroutine: got %v; want nil", err)
+	}
+	// Two Mutex values with one name in one session are one lock.
+	twin := dsync.NewMutex(s, m.Name())
+	mustLock(t, twin, bg)
+	if ok, err := m.TryLock(bg); ok || err != nil {
+		t.Fatalf("TryLock of the twin: got %v, %v; want false, nil", ok, err)
+	}
+	mustUnlock(t, m, bg)
+}
+
+// TestMutexLocalWaitersShareOneDatabaseWaiter has 8 goroutines of one
+// session wait for a lock another session holds: one of them waits on the
+// database, the others in the process; all get it in turn.
+func TestMutexLocalWaitersShareOneDatabaseWaiter(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	holder := dsync.NewMutex(newSession(t), name)
+	mustLock(t, holder, bg)
+
+	s := newSession(t)
+	const waiters = 8
+	var inside, maxInside atomic.Int32
+	errc := make(chan error, waiters)
+	for i := 0; i < waiters; i++ {
+		go func() {
+			m := dsync.NewMutex(s, name)
+			if err := m.Lock(bg); err != nil {
+				errc <- err
+				return
+			}
+			n := inside.Add(1)
+			for old := maxInside.Load(); n > old && !maxInside.CompareAndSwap(old, n); old = maxInside.Load() {
+			}
+			time.Sleep(time.Millisecond)
+			inside.Add(-1)
+			errc <- m.Unlock(bg)
+		}()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for dsync.Acquiring(s) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let every waiter reach its wait
+	if got := dsync.Acquiring(s); got != 1 {
+		t.Fatalf("goroutines waiting on the database: got %d; want 1", got)
+	}
+	mustUnlock(t, holder, bg)
+	for i := 0; i < waiters; i++ {
+		if err := <-errc; err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+	}
+	if got := maxInside.Load(); got != 1 {
+		t.Fatalf("goroutines inside the critical section at once: got %d; want 1", got)
+	}
+}
+
+// TestAcquireStatementCases drives the one-statement acquire through every
+// state of an existing row by editing the tables directly.
+func TestAcquireStatementCases(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t)
+	other := newSession(t)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type row struct{ holder, token, fence int64 }
+	read := func(name string) row {
+		t.Helper()
+		var r row
+		if err := db.QueryRow("SELECT holder, token, fence FROM dsync_lock WHERE name = ?", name).Scan(&r.holder, &r.token, &r.fence); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	res, err := db.Exec("INSERT INTO dsync_lease (label, created_at, expires_at) VALUES ('dead', NOW(6), NOW(6) - INTERVAL 1 SECOND)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, _ := res.LastInsertId()
+
+	tests := []struct {
+		name   string
+		holder int64 // holder to write into the row before the attempt; -1: no row
+		want   bool
+	}{
+		{"no row", -1, true},
+		{"free row", 0, true},
+		{"held by a live session", other.ID(), false},
+		{"held by an ended lease", dead, true},
+		{"held by a deleted lease", 1 << 40, true},
+		{"held by this session without a local holder (orphan)", s.ID(), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := lockName(t)
+			const oldFence, oldToken = 41, 7
+			if tt.holder >= 0 {
+				exec("INSERT INTO dsync_lock (name, holder, token, fence) VALUES (?, ?, ?, ?)", name, tt.holder, oldToken, oldFence)
+			}
+			m := dsync.NewMutex(s, name)
+			ok, err := m.TryLock(bg)
+			if ok != tt.want || err != nil {
+				t.Fatalf("TryLock: got %v, %v; want %v, nil", ok, err, tt.want)
+			}
+			got := read(name)
+			switch {
+			case tt.want && tt.holder < 0:
+				if got.holder != s.ID() || got.fence != 1 || m.Fence() != 1 {
+					t.Fatalf("row %+v, Fence %d; want holder %d, fence 1", got, m.Fence(), s.ID())
+				}
+			case tt.want:
+				if got.holder != s.ID() || got.fence != oldFence+1 || m.Fence() != oldFence+1 || got.token == oldToken {
+					t.Fatalf("row %+v, Fence %d; want holder %d, fence %d, a new token", got, m.Fence(), s.ID(), oldFence+1)
+				}
+			default:
+				if want := (row{tt.holder, oldToken, oldFence}); got != want || m.Fence() != 0 {
+					t.Fatalf("row %+v, Fence %d; want unchanged %+v, Fence 0", got, m.Fence(), want)
+				}
+			}
+			if ok {
+				mustUnlock(t, m, bg)
+				if got := read(name); got.holder != 0 || got.fence < 1 {
+					t.Fatalf("row after Unlock: %+v; want free, fence kept", got)
+				}
+			}
+		})
+	}
+}
+
+func TestLockNamesAreExactBytes(t *testing.T) {
+	bg := context.Background()
+	s, other := newSession(t), newSession(t)
+	base := lockName(t)
+	names := []string{base + "Lock", base + "lock", base + "lock ", base + "löck", base + "lo\u0308ck"}
+	for _, n := range names {
+		mustLock(t, dsync.NewMutex(s, n), bg)
+	}
+	for _, n := range names {
+		m := dsync.NewMutex(other, n)
+		if ok, err := m.TryLock(bg); ok || err != nil {
+			t.Fatalf("TryLock(%q) while held: got %v, %v; want false, nil", n, ok, err)
+		}
+		mustUnlock(t, dsync.NewMutex(s, n), bg)
+		if ok, err := m.TryLock(bg); !ok || err != nil {
+			t.Fatalf("TryLock(%q) after Unlock: got %v, %v; want true, nil", n, ok, err)
+		}
+		mustUnlock(t, m, bg)
+	}
+}
+
+// TestLockCancelledMidAcquire cancels Lock at random moments, many of them
+// while the acquire statement is on the wire. Whatever happened, a failed
+// Lock must leave the lock free for others.
+func TestLockCancelledMidAcquire(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	s := newSession(t, dsync.WithTTL(time.Second))
+	m := dsync.NewMutex(s, name)
+	failed := 0
+	for i := 0; i < 200; i++ {
+		ctx, cancel := context.WithTimeout(bg, time.Duration(i%40)*25*time.Microsecond)
+		err := m.Lock(ctx)
+		cancel()
+		if err == nil {
+			mustUnlock(t, m, bg)
+			continue
+		}
+		failed++
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock: got %v; want DeadlineExceeded", err)
+		}
+		if f := m.Fence(); f != 0 {
+			t.Fatalf("Fence after failed Lock: got %d; want 0", f)
+		}
+	}
+	t.Logf("%d of 200 Lock calls ended by their deadline", failed)
+	if failed == 0 {
+		t.Fatal("no Lock call was cancelled; the test proves nothing")
+	}
+	// Another session gets the lock: nothing was left held for good.
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	other := dsync.NewMutex(newSession(t), name)
+	mustLock(t, other, ctx)
+	mustUnlock(t, other, bg)
+}
+
+func TestCloseReleasesLocks(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	s, err := dsync.NewSession(bg, dbtest.Open(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustLock(t, dsync.NewMutex(s, name), bg)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("Done not closed after Close")
+	}
+	if err := s.Err(); !errors.Is(err, dsync.ErrSessionClosed) {
+		t.Fatalf("Err: got %v; want ErrSessionClosed", err)
+	}
+	if ok, err := dsync.NewMutex(newSession(t), name).TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock after the holder closed: got %v, %v; want true, nil", ok, err)
+	}
+}
+
+// TestKeepAliveHoldsPastTTL holds a lock for three TTLs: the keep-alive must
+// keep it.
+func TestKeepAliveHoldsPastTTL(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	s := newSession(t, dsync.WithTTL(time.Second))
+	m := dsync.NewMutex(s, name)
+	mustLock(t, m, bg)
+	time.Sleep(3 * time.Second)
+	if err := s.Err(); err != nil {
+		t.Fatalf("Err after 3 TTLs: got %v; want nil", err)
+	}
+	if ok, err := dsync.NewMutex(newSession(t), name).TryLock(bg); ok || err != nil {
+		t.Fatalf("TryLock by another session: got %v, %v; want false, nil", ok, err)
+	}
+	mustUnlock(t, m, bg)
 }
