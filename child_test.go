@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -58,9 +59,16 @@ func childConfigFromEnv(role string) childConfig {
 	}
 }
 
-// startChild starts a child process and returns it with its stdout; the
-// child is killed (if still running) and waited for when the test ends.
-func startChild(t testing.TB, c childConfig) (*exec.Cmd, *bufio.Reader) {
+// child is a running child process with its standard input and output.
+type child struct {
+	*exec.Cmd
+	out *bufio.Reader
+	in  io.WriteCloser
+}
+
+// startChild starts a child process; it is killed (if still running) and
+// waited for when the test ends.
+func startChild(t testing.TB, c childConfig) *child {
 	t.Helper()
 	if c.DSN == "" {
 		c.DSN = dbtest.DSN()
@@ -75,17 +83,21 @@ func startChild(t testing.TB, c childConfig) (*exec.Cmd, *bufio.Reader) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start child: %v", err)
 	}
-	var once sync.Once
 	t.Cleanup(func() {
-		once.Do(func() {
+		in.Close()
+		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
-		})
+		}
 	})
-	return cmd, bufio.NewReader(out)
+	return &child{Cmd: cmd, out: bufio.NewReader(out), in: in}
 }
 
 // expectLine reads one line from a child and fails unless it is want.

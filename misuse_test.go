@@ -156,14 +156,14 @@ func TestMisuse(t *testing.T) {
 	}
 }
 
-func mustLock(t *testing.T, m *dsync.Mutex, ctx context.Context) {
+func mustLock(t testing.TB, m *dsync.Mutex, ctx context.Context) {
 	t.Helper()
 	if err := m.Lock(ctx); err != nil {
 		t.Fatalf("Lock: %v", err)
 	}
 }
 
-func mustUnlock(t *testing.T, m *dsync.Mutex, ctx context.Context) {
+func mustUnlock(t testing.TB, m *dsync.Mutex, ctx context.Context) {
 	t.Helper()
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)

@@ -132,9 +132,14 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			timer.Stop()
 		}
 	}()
-	for {
+	for attempt := 0; ; attempt++ {
 		token = m.s.nextToken()
-		fence, err = m.s.acquireRow(ctx, m.name, token)
+		// The first attempt tries the cheap statement for a free row; when it
+		// misses, the full one decides at once, and polls use only the full one.
+		fence, err = m.s.acquireRow(ctx, m.name, token, attempt == 0)
+		if attempt == 0 && err == nil && fence == 0 {
+			fence, err = m.s.acquireRow(ctx, m.name, token, false)
+		}
 		switch {
 		case err == nil && fence > 0:
 			return fence, token, nil
@@ -211,9 +216,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.s.Err(); err != nil {
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.s.opts.ttl)
-	defer cancel()
-	freed, err := m.s.releaseRow(ctx, m.name, token)
+	freed, err := m.s.releaseRow(context.WithoutCancel(ctx), m.name, token)
 	switch {
 	case err != nil:
 		m.s.addOrphan(m.name, token)

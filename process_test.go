@@ -36,10 +36,9 @@ func TestMutexAcrossProcesses(t *testing.T) {
 		}
 	}
 	name := lockName(t)
-	var cmds []interface{ Wait() error }
+	var cmds []*child
 	for p := 0; p < procs; p++ {
-		cmd, _ := startChild(t, childConfig{Role: "counter", Name: name, Table: table, Goroutines: goroutines, Iterations: iterations})
-		cmds = append(cmds, cmd)
+		cmds = append(cmds, startChild(t, childConfig{Role: "counter", Name: name, Table: table, Goroutines: goroutines, Iterations: iterations}))
 	}
 	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
@@ -84,15 +83,23 @@ func TestMutexAcrossProcesses(t *testing.T) {
 func TestCrashedHolderFreedAfterTTL(t *testing.T) {
 	const ttl = time.Second
 	name := lockName(t)
-	cmd, out := startChild(t, childConfig{Role: "hold", Name: name, TTL: ttl})
-	expectLine(t, out, "locked")
+	holder := startChild(t, childConfig{Role: "hold", Name: name, TTL: ttl})
+	expectLine(t, holder.out, "locked")
 
 	m := dsync.NewMutex(newSession(t), name)
 	ctx := context.Background()
 	if ok, err := m.TryLock(ctx); ok || err != nil {
 		t.Fatalf("TryLock while the child holds it: got %v, %v; want false, nil", ok, err)
 	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	fence := func() int64 {
+		var f int64
+		if err := dbtest.Open(t).QueryRow("SELECT fence FROM dsync_lock WHERE name = ?", name).Scan(&f); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	crashedFence := fence()
+	if err := holder.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
@@ -103,6 +110,9 @@ func TestCrashedHolderFreedAfterTTL(t *testing.T) {
 	}
 	if took := time.Since(killed); took > ttl+time.Second {
 		t.Fatalf("lock free %v after the kill; want at most %v", took, ttl+time.Second)
+	}
+	if got := m.Fence(); got <= crashedFence {
+		t.Fatalf("Fence after takeover: got %d; want > %d, the crashed holder's", got, crashedFence)
 	}
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)

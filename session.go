@@ -382,15 +382,23 @@ func (s *Session) Close() error {
 // nextToken returns a token for a new acquisition, unique in this session.
 func (s *Session) nextToken() int64 { return s.lastToken.Add(1) }
 
-// acquireRow makes one attempt to take the lock row for name. It returns the
-// new fence, or 0 when a live session holds the row. Its outcome is unknown
-// when the statement failed other than by a server error (the connection
-// broke, ctx ended): then it undoes the attempt before returning the error,
-// so that no row is left held without a holder.
-func (s *Session) acquireRow(ctx context.Context, name string, token int64) (int64, error) {
+// acquireRow makes one attempt to take the lock row for name, with the
+// cheap statement for a row that exists and is free when fast is set (a miss
+// then says nothing about the row), else with the statement that handles
+// every state of the row. It returns the new fence, or 0 when not taken.
+// Its outcome is unknown when the statement failed other than by a server
+// error (the connection broke, ctx ended): then it undoes the attempt before
+// returning the error, so that no row is left held without a holder.
+func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast bool) (int64, error) {
 	var fence int64
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sLockAcquire)).ExecContext(ctx, name, s.id, token, s.id, -s.id, token, s.id)
+		var res sql.Result
+		var err error
+		if fast {
+			res, err = c.Stmt(int(sLockAcquireFast)).ExecContext(ctx, s.id, token, name, s.id)
+		} else {
+			res, err = c.Stmt(int(sLockAcquire)).ExecContext(ctx, name, s.id, token, s.id, -s.id, token, s.id)
+		}
 		if err != nil {
 			if !connpool.Reusable(err) {
 				s.undoAcquire(name, token)
