@@ -178,8 +178,10 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 
 // Unlock releases one hold of the lock. With an owner in ctx it undoes one
 // Lock of that owner and frees the lock when the last is undone. The release
-// statement runs with ctx's values but not its cancellation, bounded by the
-// session's TTL, so a cancelled caller still frees the lock.
+// statement runs with ctx's values but not its cancellation, so a cancelled
+// caller still frees the lock; it is bounded by the driver's timeouts (set
+// readTimeout and writeTimeout in the DSN to bound it when the database may
+// become unreachable), not by ctx.
 //
 // It returns [ErrNotHeld] when this process does not hold the lock,
 // [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or

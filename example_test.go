@@ -1,0 +1,187 @@
+package dsync_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// dsn is the test database in these examples; in a program it is your own,
+// such as "app:secret@tcp(db.internal:3306)/app".
+var dsn = dbtest.DSN
+
+func ExampleMutex_Lock() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db, dsync.WithTTL(10*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close() // frees whatever the session still holds
+
+	m := dsync.NewMutex(session, "nightly-report")
+	lockCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := m.Lock(lockCtx); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			log.Fatal("another process has been running the report for 30s")
+		}
+		log.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+
+	fmt.Println("running the report with fence > 0:", m.Fence() > 0)
+	// Output: running the report with fence > 0: true
+}
+
+func ExampleMutex_TryLock() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	a, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+	b, err := dsync.NewSession(ctx, db) // as if in another process
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+
+	if ok, err := dsync.NewMutex(a, "cache-warmer").TryLock(ctx); err != nil || !ok {
+		log.Fatal(ok, err)
+	}
+	ok, err := dsync.NewMutex(b, "cache-warmer").TryLock(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("second process got it:", ok)
+	// Output: second process got it: false
+}
+
+// A lock taken with an owner in the context is reentrant for that owner and
+// only that owner may unlock it.
+func ExampleWithOwner() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	session, err := dsync.NewSession(context.Background(), db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+	m := dsync.NewMutex(session, "account-42")
+
+	ctx := dsync.WithOwner(context.Background())
+	if err := m.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := m.Lock(ctx); err != nil { // a nested call by the same owner
+		log.Fatal(err)
+	}
+	err = m.Unlock(dsync.WithOwner(context.Background())) // somebody else
+	fmt.Println("stranger:", errors.Is(err, dsync.ErrNotOwner))
+	fmt.Println("owner:", m.Unlock(ctx), m.Unlock(ctx))
+	err = m.Unlock(ctx)
+	fmt.Println("once more:", errors.Is(err, dsync.ErrNotHeld))
+	// Output:
+	// stranger: true
+	// owner: <nil> <nil>
+	// once more: true
+}
+
+// Long work under a lock watches Session.Done: when the lease is lost the
+// lock may already belong to another process, so the work must stop.
+func ExampleSession_Done() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	m := dsync.NewMutex(session, "migration")
+	if err := m.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// Stop the work when the session ends, here because of the Close below.
+	work, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		<-session.Done()
+		stop()
+	}()
+	session.Close()
+
+	<-work.Done()
+	switch err := session.Err(); {
+	case errors.Is(err, dsync.ErrSessionExpired):
+		fmt.Println("lease lost: abandon the batch, another process may be running it")
+	case errors.Is(err, dsync.ErrSessionClosed):
+		fmt.Println("session closed")
+	}
+	// Output: session closed
+}
+
+// The fence of each acquisition is strictly greater than any before it, so
+// a resource that remembers the highest fence it has seen can refuse a
+// write from a holder whose lease ran out during a long pause.
+func ExampleMutex_Fence() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS example_balance
+		(id INT PRIMARY KEY, amount BIGINT NOT NULL, fence BIGINT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT IGNORE INTO example_balance VALUES (1, 100, 0)`); err != nil {
+		log.Fatal(err)
+	}
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+	m := dsync.NewMutex(session, "balance-1")
+	if err := m.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer m.Unlock(ctx)
+
+	// The write carries the fence and only lands if no later holder wrote.
+	res, err := db.ExecContext(ctx,
+		`UPDATE example_balance SET amount = amount + 10, fence = ? WHERE id = 1 AND fence < ?`,
+		m.Fence(), m.Fence())
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, _ := res.RowsAffected()
+	fmt.Println("write accepted:", n == 1)
+	// Output: write accepted: true
+}
