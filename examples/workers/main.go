@@ -43,7 +43,7 @@ type config struct {
 
 // report is what a child process prints when it is done.
 type report struct {
-	Acquisitions int64 `json:"acquisitions"`
+	Acquisitions int64  `json:"acquisitions"`
 	Error        string `json:"error,omitempty"`
 }
 
