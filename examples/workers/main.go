@@ -23,6 +23,8 @@ import (
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/mariadb"
 )
@@ -237,31 +239,23 @@ func work(c config, acquisitions *int64) error {
 	defer session.Close()
 	m := dsync.NewMutex(session, lockName)
 
-	var mu sync.Mutex
-	var firstErr error
-	var wg sync.WaitGroup
+	var mu sync.Mutex // guards *acquisitions
+	var g errgroup.Group
 	deadline := time.Now().Add(c.duration)
-	for g := 0; g < c.goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range c.goroutines {
+		g.Go(func() error {
 			for time.Now().Before(deadline) {
-				err := increment(ctx, db, m)
-				mu.Lock()
-				if err != nil {
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					return
+				if err := increment(ctx, db, m); err != nil {
+					return err
 				}
+				mu.Lock()
 				*acquisitions++
 				mu.Unlock()
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	return firstErr
+	return g.Wait()
 }
 
 // increment is the critical section: read the counter, write it back plus
