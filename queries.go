@@ -3,9 +3,10 @@ package dsync
 import "strings"
 
 // All SQL that dsync sends lives in this file. Each statement names its
-// arguments (in order) and what its result means. "{lease}" and "{lock}"
-// stand for the session's table names: the table prefix, validated by
-// NewSession to [A-Za-z0-9_]{0,32}, plus "lease" or "lock", in backquotes
+// arguments (in order) and what its result means. "{lease}", "{lock}",
+// "{queue}" and "{ticket}" stand for the session's table names: the table
+// prefix, validated by NewSession to [A-Za-z0-9_]{0,32}, plus the table's
+// name, in backquotes
 // (an empty prefix leaves the reserved word lock). No other text from
 // outside ever reaches SQL: every value is a statement argument.
 
@@ -34,6 +35,36 @@ const (
   holder BIGINT         NOT NULL DEFAULT 0,
   token  BIGINT         NOT NULL DEFAULT 0,
   fence  BIGINT         NOT NULL DEFAULT 0,
+  KEY holder_idx (holder)
+) ENGINE=InnoDB`
+)
+
+// Schema of the queued locks (FairMutex, RWMutex). They are a lock space of
+// their own: a Mutex and a FairMutex of one name are two locks.
+const (
+	// qCreateQueue creates the per-name table of the queued locks: fence is
+	// the name's last fencing token, ahead a scratch value written by
+	// qTicketCheck. Enqueues lock this row (FOR UPDATE), which makes the
+	// tickets of one name commit in ticket order.
+	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
+  name  VARBINARY(255) NOT NULL PRIMARY KEY,
+  fence BIGINT         NOT NULL DEFAULT 0,
+  ahead BIGINT         NOT NULL DEFAULT 0
+) ENGINE=InnoDB`
+
+	// qCreateTicket creates the queue entries: one row per waiter or holder
+	// of a queued lock. The database's AUTO_INCREMENT decides arrival order.
+	// mode 1 is exclusive (FairMutex, RWMutex writer), 0 shared (reader).
+	// A ticket of a live lease holds the lock when no live ticket before it
+	// conflicts with it: any earlier ticket for an exclusive one, an earlier
+	// exclusive ticket for a shared one. Tickets of ended leases are skipped.
+	qCreateTicket = `CREATE TABLE IF NOT EXISTS {ticket} (
+  ticket BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  name   VARBINARY(255) NOT NULL,
+  holder BIGINT         NOT NULL,
+  token  BIGINT         NOT NULL,
+  mode   TINYINT        NOT NULL,
+  KEY name_ticket_idx (name, ticket),
   KEY holder_idx (holder)
 ) ENGINE=InnoDB`
 )
@@ -121,6 +152,61 @@ WHERE name = ? AND holder = ? AND token = ?`
 	qLockReleaseAll = `UPDATE {lock} SET holder = 0, token = 0 WHERE holder = ?`
 )
 
+// Queued lock statements.
+const (
+	// qQueueCreate makes sure the per-name row of a queued lock exists.
+	// Args: name.
+	qQueueCreate = `INSERT IGNORE INTO {queue} (name) VALUES (?)`
+
+	// qTicketInsert enqueues a waiter, holding the per-name row locked while
+	// it inserts: a ticket is therefore committed before any later ticket of
+	// the name is even numbered, so a check never misses an earlier ticket
+	// that is numbered but not yet visible. Args: name, lease id, token,
+	// mode, name. LastInsertId: the ticket; 0 when the per-name row is
+	// missing (run qQueueCreate, then again).
+	qTicketInsert = `INSERT INTO {ticket} (name, holder, token, mode)
+SELECT ?, ?, ?, ? FROM {queue} WHERE name = ? FOR UPDATE`
+
+	// qTicketCheck tells a ticket whether it holds the lock, and takes the
+	// next fence when it does. Args: name, ticket, mode, name.
+	// LastInsertId: the new fence when the ticket holds the lock; else
+	// aheadBase plus the number of live tickets before it that conflict
+	// with it (its place in the line). Assignments run left to right: ahead
+	// is computed once and read by the fence assignment. A check that is not
+	// at the head and whose place did not change writes nothing.
+	qTicketCheck = `UPDATE {queue} SET
+  ahead = (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+           WHERE t.name = ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)),
+  fence = IF(ahead = 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(ahead + 4611686018427387904))
+WHERE name = ?`
+
+	// qTicketDelete removes a ticket (leaving the line, or releasing the
+	// lock), found by its holder and token so that it also removes a ticket
+	// whose insert had an unknown outcome. Args: lease id, token.
+	// RowsAffected 1: removed; 0: there was none.
+	qTicketDelete = `DELETE FROM {ticket} WHERE holder = ? AND token = ?`
+
+	// qTicketConflicts counts live tickets of a name that a new ticket of the
+	// given mode would queue behind, after the given ticket (0: all).
+	// Args: name, ticket, mode. Used by TryLock, TryRLock and readers that
+	// join a hold of their process.
+	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+WHERE t.name = ? AND t.ticket > ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)`
+
+	// qTicketDeleteAll removes every ticket of a session; used by Close.
+	// Args: lease id.
+	qTicketDeleteAll = `DELETE FROM {ticket} WHERE holder = ?`
+
+	// qTicketPurge removes tickets whose lease row is gone (crashed
+	// sessions, purged by qLeasePurge). They are skipped anyway; this only
+	// keeps the table small.
+	qTicketPurge = `DELETE FROM {ticket} WHERE NOT EXISTS
+  (SELECT 1 FROM {lease} l WHERE l.id = {ticket}.holder) LIMIT 1000`
+)
+
+// aheadBase marks a qTicketCheck result that is a place in line, not a fence.
+const aheadBase = 1 << 62
+
 // stmtIndex names the statements prepared on every session connection.
 type stmtIndex int
 
@@ -129,19 +215,24 @@ const (
 	sLockAcquireFast
 	sLockAcquire
 	sLockRelease
+	sTicketInsert
+	sTicketCheck
+	sTicketDelete
 	numStmts
 )
 
 // queries holds the statements of one table prefix.
 type queries struct {
-	createLease, createLock              string
-	leaseInsert, leaseDelete, leasePurge string
-	lockReleaseAll                       string
-	prepared                             [numStmts]string // indexed by stmtIndex
+	createLease, createLock, createQueue, createTicket string
+	leaseInsert, leaseDelete, leasePurge, ticketPurge  string
+	lockReleaseAll, ticketDeleteAll                    string
+	queueCreate, ticketConflicts                       string
+	prepared                                           [numStmts]string // indexed by stmtIndex
 }
 
 func newQueries(prefix string) *queries {
-	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`")
+	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
+		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`")
 	q := &queries{
 		createLease:    r.Replace(qCreateLease),
 		createLock:     r.Replace(qCreateLock),
@@ -149,10 +240,20 @@ func newQueries(prefix string) *queries {
 		leaseDelete:    r.Replace(qLeaseDelete),
 		leasePurge:     r.Replace(qLeasePurge),
 		lockReleaseAll: r.Replace(qLockReleaseAll),
+
+		createQueue:     r.Replace(qCreateQueue),
+		createTicket:    r.Replace(qCreateTicket),
+		ticketPurge:     r.Replace(qTicketPurge),
+		ticketDeleteAll: r.Replace(qTicketDeleteAll),
+		queueCreate:     r.Replace(qQueueCreate),
+		ticketConflicts: r.Replace(qTicketConflicts),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
 	q.prepared[sLockAcquire] = r.Replace(qLockAcquire)
 	q.prepared[sLockRelease] = r.Replace(qLockRelease)
+	q.prepared[sTicketInsert] = r.Replace(qTicketInsert)
+	q.prepared[sTicketCheck] = r.Replace(qTicketCheck)
+	q.prepared[sTicketDelete] = r.Replace(qTicketDelete)
 	return q
 }

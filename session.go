@@ -170,7 +170,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		return nil, err
 	}
 	q := newQueries(o.prefix)
-	for _, stmt := range []string{q.createLease, q.createLock, q.leasePurge} {
+	for _, stmt := range []string{q.createLease, q.createLock, q.createQueue, q.createTicket, q.leasePurge, q.ticketPurge} {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return nil, fmt.Errorf("dsync: prepare tables: %w", err)
 		}
@@ -368,6 +368,9 @@ func (s *Session) Close() error {
 	defer cancel()
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
 		if _, err := c.ExecContext(ctx, s.q.lockReleaseAll, s.id); err != nil {
+			return err
+		}
+		if _, err := c.ExecContext(ctx, s.q.ticketDeleteAll, s.id); err != nil {
 			return err
 		}
 		_, err := c.ExecContext(ctx, s.q.leaseDelete, s.id)
