@@ -34,6 +34,11 @@ var (
 	// a nil *sql.DB.
 	ErrInvalidOption = errors.New("dsync: invalid option")
 
+	// ErrLockUpgrade is returned by a write Lock (RWMutex.Lock, or
+	// FairMutex.Lock of the same name) whose owner holds a read lock of the
+	// name: waiting would deadlock, as the read lock could never be released.
+	ErrLockUpgrade = errors.New("dsync: cannot upgrade a read lock to a write lock")
+
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
 	// became free.

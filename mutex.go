@@ -221,7 +221,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	freed, err := m.s.releaseRow(context.WithoutCancel(ctx), m.name, token)
 	switch {
 	case err != nil:
-		m.s.addOrphan(m.name, token)
+		m.s.addOrphan(orphan{name: m.name, token: token})
 		return fmt.Errorf("dsync: unlock %q (the session retries in the background): %w", m.name, err)
 	case !freed:
 		if serr := m.s.Err(); serr != nil {

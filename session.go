@@ -123,19 +123,21 @@ type Session struct {
 	renewer   chan struct{}   // closed when the keep-alive goroutine returns
 
 	mu      sync.Mutex
-	err     error                 // guarded by mu; nil while live
-	closed  bool                  // guarded by mu; Close was called
-	locks   map[string]*localLock // guarded by mu; in-process state per lock name in use
-	orphans []orphan              // guarded by mu; rows to free in the background
+	err     error                  // guarded by mu; nil while live
+	closed  bool                   // guarded by mu; Close was called
+	locks   map[string]*localLock  // guarded by mu; in-process state per lock name in use
+	queues  map[string]*localQueue // guarded by mu; the same for queued lock names
+	orphans []orphan               // guarded by mu; rows to free in the background
 }
 
 // orphan is a lock row that this session may hold without a local holder:
 // an acquire whose outcome was unknown, or a release that failed. The
 // keep-alive goroutine frees it.
 type orphan struct {
-	name  string
-	token int64
-	since time.Time // when it was recorded
+	name   string // lock name (lock rows only)
+	token  int64
+	ticket bool      // a queued lock's ticket rather than a lock row
+	since  time.Time // when it was recorded
 }
 
 // orphanWindow is how long the session keeps trying to free an orphan that
@@ -184,6 +186,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
 		locks:   make(map[string]*localLock),
+		queues:  make(map[string]*localQueue),
 	}
 	start := time.Now()
 	res, err := db.ExecContext(ctx, q.leaseInsert, o.label, o.ttl.Microseconds())
@@ -313,10 +316,11 @@ func (s *Session) withConn(ctx context.Context, f func(*connpool.Conn) error) er
 	return err
 }
 
-// addOrphan records a lock row to free in the background.
-func (s *Session) addOrphan(name string, token int64) {
+// addOrphan records a lock row or ticket to free in the background.
+func (s *Session) addOrphan(o orphan) {
+	o.since = time.Now()
 	s.mu.Lock()
-	s.orphans = append(s.orphans, orphan{name, token, time.Now()})
+	s.orphans = append(s.orphans, o)
 	s.mu.Unlock()
 }
 
@@ -329,7 +333,13 @@ func (s *Session) freeOrphans() {
 	var keep []orphan
 	for i, o := range todo {
 		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
-		freed, err := s.releaseRow(ctx, o.name, o.token)
+		var freed bool
+		var err error
+		if o.ticket {
+			freed, err = s.removeTicket(ctx, o.token)
+		} else {
+			freed, err = s.releaseRow(ctx, o.name, o.token)
+		}
 		cancel()
 		if err != nil {
 			keep = append(keep, todo[i:]...)
@@ -423,7 +433,7 @@ func (s *Session) undoAcquire(name string, token int64) {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 	defer cancel()
 	if _, err := s.releaseRow(ctx, name, token); err != nil {
-		s.addOrphan(name, token)
+		s.addOrphan(orphan{name: name, token: token})
 	}
 }
 

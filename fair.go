@@ -1,0 +1,80 @@
+package dsync
+
+import "context"
+
+// A FairMutex is a mutual exclusion lock, shared like [Mutex] by every
+// process whose [Session] reaches the same database and table prefix, that
+// serves waiters strictly first come, first served. Create it with
+// [NewFairMutex]; the zero value is not usable. A FairMutex is safe for
+// concurrent use. Owners ([WithOwner]), reentrancy and fences behave as for
+// Mutex.
+//
+// FairMutex and [RWMutex] share one lock space, separate from Mutex's: a
+// FairMutex is exactly the write side of the RWMutex of the same name, and
+// a Mutex of the same name is another lock.
+//
+// # Fairness
+//
+// Every waiter takes a ticket from an AUTO_INCREMENT column when it starts
+// waiting, so the database, not a client's clock, decides the order of
+// arrival across all processes and goroutines. The lowest live ticket holds
+// the lock; the others wait in ticket order, and no fixed capacity limits
+// the line. Within one process, goroutines take their tickets one at a
+// time, in the order they called Lock, so no later goroutine overtakes an
+// earlier one; and only the first of them polls the database, as with
+// Mutex.
+//
+// A waiter whose ctx ends leaves the line at once: its ticket is deleted
+// (and, should that fail, deleted by the session's keep-alive later). A
+// waiter or holder whose session dies keeps its ticket, but a ticket counts
+// only while its lease is live, so the line moves on at most one TTL after
+// the crash: one dead process never stalls the queue.
+//
+// Handoff: the waiter next in line polls every 2ms; the holder's Unlock
+// also wakes the next waiter of its own process at once. Waiters further
+// back poll with the session's back-off (see [WithBackOff]). The price of
+// fairness is throughput: a lock handed over in strict order cannot be
+// grabbed by whoever happens to ask at the right moment, and a Lock or
+// Unlock costs a few more statements than a Mutex's (enqueue, check,
+// delete).
+type FairMutex struct {
+	q queued
+}
+
+// NewFairMutex returns the fair mutex called name in s's queued lock space.
+// Names follow the rules of [NewMutex]; with an invalid one every method
+// returns [ErrInvalidName]. NewFairMutex panics if s is nil.
+func NewFairMutex(s *Session, name string) *FairMutex {
+	return &FairMutex{q: newQueued(s, name, "FairMutex")}
+}
+
+// Name returns the lock's name.
+func (m *FairMutex) Name() string { return m.q.name }
+
+// Fence returns the fencing token of this process's current hold of the
+// lock, or 0 when it does not hold it. Fences of a name are strictly
+// increasing across all its acquisitions (through FairMutex or RWMutex).
+func (m *FairMutex) Fence() int64 { return m.q.fence() }
+
+// Lock joins the line and blocks until it is this caller's turn, ctx ends,
+// or the session ends. Errors are as for [Mutex.Lock], plus
+// [ErrLockUpgrade] when ctx's owner holds a read lock of the name. On error
+// the caller is out of the line and holds nothing.
+func (m *FairMutex) Lock(ctx context.Context) error {
+	_, err := m.q.lock(ctx, true)
+	return err
+}
+
+// TryLock acquires the lock only if it is free and nobody is waiting for
+// it: it never jumps the line. It returns false, nil otherwise, and errors
+// as Lock does.
+func (m *FairMutex) TryLock(ctx context.Context) (bool, error) {
+	return m.q.lock(ctx, false)
+}
+
+// Unlock releases one hold of the lock, as [Mutex.Unlock] does, and lets the
+// next waiter in. It returns [ErrNotHeld], [ErrNotOwner],
+// [ErrSessionExpired], [ErrSessionClosed] or a database error.
+func (m *FairMutex) Unlock(ctx context.Context) error {
+	return m.q.unlock(ctx)
+}

@@ -1,0 +1,489 @@
+package dsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// The queued locks (FairMutex, RWMutex) share this machinery: a database
+// line of tickets per name (see qCreateTicket) and, per Session and name, a
+// local line that keeps the process's goroutines in their arrival order and
+// lets only the first of them poll the database.
+
+// Ticket modes, as stored in the mode column.
+const (
+	modeShared    = 0 // RWMutex reader
+	modeExclusive = 1 // FairMutex, RWMutex writer
+)
+
+// nextInLinePoll is how often a waiter polls when only the holder is ahead
+// of it, so that a handoff to another process costs milliseconds, not a
+// whole back-off period. Waiters further back use the session's back-off.
+const nextInLinePoll = 2 * time.Millisecond
+
+// localQueue is the in-process state of one queued lock name in one Session.
+type localQueue struct {
+	refs int // guarded by Session.mu; calls in progress plus one per hold
+
+	// enq serializes this process's enqueues, so that its tickets are in the
+	// order its goroutines arrived (goroutines blocked sending on a channel
+	// are served first in, first out).
+	enq chan struct{}
+
+	mu   sync.Mutex
+	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
+
+	// The exclusive hold of this process, if any. Guarded by mu.
+	wHeld  bool
+	wOwner uint64 // owner token, 0 for none
+	wCount int    // reentrant holds
+	wFence int64
+	wToken int64
+
+	// The shared holds of this process (RWMutex readers), each one ticket
+	// that any number of local readers may share. Guarded by mu.
+	reads   []*readHold
+	rOwners map[uint64]int // read holds per owner
+	rAnon   int            // read holds without owner
+}
+
+// readHold is one shared ticket held by readers of this process.
+type readHold struct {
+	ticket, token int64
+	count         int // readers sharing it
+}
+
+// waiter is a goroutine of this process with a ticket in the line.
+type waiter struct {
+	ticket, token int64
+	mode          int
+	front         chan struct{} // closed when the waiter is first in the local line
+	kick          chan struct{} // a value means: poll now, the line may have moved
+}
+
+func (lq *localQueue) readers() int {
+	n := 0
+	for _, r := range lq.reads {
+		n += r.count
+	}
+	return n
+}
+
+// qref returns the local state of a queued lock name, counting a reference.
+func (s *Session) qref(name string) *localQueue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lq := s.queues[name]
+	if lq == nil {
+		lq = &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
+		s.queues[name] = lq
+	}
+	lq.refs++
+	return lq
+}
+
+// qunref drops a reference, forgetting the state when none is left.
+func (s *Session) qunref(name string, lq *localQueue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lq.refs--; lq.refs == 0 {
+		delete(s.queues, name)
+	}
+}
+
+// qlookup returns the local state of a queued lock name, or nil.
+func (s *Session) qlookup(name string) *localQueue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queues[name]
+}
+
+// enqueue gives the calling goroutine a ticket in mode and a place at the
+// end of the local line.
+func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode int) (*waiter, error) {
+	select {
+	case lq.enq <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.done:
+		return nil, s.Err()
+	}
+	defer func() { <-lq.enq }()
+
+	token := s.nextToken()
+	ticket, err := s.insertTicket(ctx, name, token, mode)
+	if err != nil {
+		return nil, err
+	}
+	w := &waiter{ticket: ticket, token: token, mode: mode, front: make(chan struct{}), kick: make(chan struct{}, 1)}
+	lq.mu.Lock()
+	lq.line = append(lq.line, w)
+	if len(lq.line) == 1 {
+		close(w.front)
+	}
+	lq.mu.Unlock()
+	return w, nil
+}
+
+// insertTicket inserts a ticket, creating the name's row when it is
+// missing. After an error whose outcome is unknown it removes the ticket.
+func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		var ticket int64
+		err := s.withConn(ctx, func(c *connpool.Conn) error {
+			res, err := c.Stmt(int(sTicketInsert)).ExecContext(ctx, name, s.id, token, mode, name)
+			if err != nil {
+				return err
+			}
+			ticket, err = res.LastInsertId()
+			return err
+		})
+		switch {
+		case err != nil && !connpool.Reusable(err):
+			s.undoTicket(token)
+			return 0, err
+		case err != nil && retryable(err) && ctx.Err() == nil && attempt < 10:
+			continue
+		case err != nil:
+			return 0, err
+		case ticket > 0:
+			return ticket, nil
+		case attempt > 0:
+			return 0, errors.New("queue row vanished")
+		}
+		if err := s.withConn(ctx, func(c *connpool.Conn) error {
+			_, err := c.ExecContext(ctx, s.q.queueCreate, name)
+			return err
+		}); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// checkTicket runs qTicketCheck: it returns the new fence when the ticket
+// holds the lock, or 0 and the number of conflicting live tickets ahead.
+func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (fence, ahead int64, err error) {
+	var r int64
+	err = s.withConn(ctx, func(c *connpool.Conn) error {
+		res, err := c.Stmt(int(sTicketCheck)).ExecContext(ctx, name, w.ticket, w.mode, name)
+		if err != nil {
+			return err
+		}
+		r, err = res.LastInsertId()
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	if r >= aheadBase {
+		return 0, r - aheadBase, nil
+	}
+	if r == 0 {
+		return 0, 0, errors.New("queue check returned no result")
+	}
+	return r, 0, nil
+}
+
+// conflicts counts live tickets of name after ticket (0: all) that a ticket
+// in mode would queue behind.
+func (s *Session) conflicts(ctx context.Context, name string, after int64, mode int) (int64, error) {
+	var n int64
+	err := s.withConn(ctx, func(c *connpool.Conn) error {
+		return c.QueryRowContext(ctx, s.q.ticketConflicts, name, after, mode).Scan(&n)
+	})
+	return n, err
+}
+
+// awaitTurn waits until w holds the lock and returns its fence. With wait
+// false it gives up (0, nil) instead of waiting.
+func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bool) (int64, error) {
+	select {
+	case <-w.front:
+	default:
+		if !wait {
+			return 0, nil
+		}
+		select {
+		case <-w.front:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.done:
+			return 0, s.Err()
+		}
+	}
+	var b backoff.BackOff
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		fence, ahead, err := s.checkTicket(ctx, name, w)
+		switch {
+		case err == nil && fence > 0:
+			return fence, nil
+		case err == nil && !wait:
+			return 0, nil
+		case err != nil && ctx.Err() != nil:
+			return 0, ctx.Err()
+		case err != nil && s.Err() != nil:
+			return 0, s.Err()
+		case err != nil && (!wait || !retryable(err)):
+			return 0, err
+		}
+		var d time.Duration
+		if err == nil && ahead <= 1 {
+			d = nextInLinePoll
+		} else {
+			if b == nil {
+				b = s.opts.newBackOff()
+			}
+			if d = b.NextBackOff(); d == backoff.Stop {
+				return 0, ErrNotObtained
+			}
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-w.kick:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.done:
+			return 0, s.Err()
+		}
+	}
+}
+
+// leaveLine takes w out of the local line, letting the next waiter poll.
+func (lq *localQueue) leaveLine(w *waiter) {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	for i, x := range lq.line {
+		if x == w {
+			lq.line = append(lq.line[:i], lq.line[i+1:]...)
+			if i == 0 && len(lq.line) > 0 {
+				close(lq.line[0].front)
+			}
+			return
+		}
+	}
+}
+
+// kickFront tells the first local waiter to poll now.
+func (lq *localQueue) kickFront() {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	if len(lq.line) > 0 {
+		select {
+		case lq.line[0].kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// acquireTicket enqueues and waits for the lock in mode. On any failure the
+// ticket is gone (removed, or recorded for the keep-alive to remove) and
+// the waiter has left the local line.
+func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
+	w, err := s.enqueue(ctx, name, lq, mode)
+	if err != nil {
+		return nil, 0, err
+	}
+	fence, err := s.awaitTurn(ctx, name, w, wait)
+	lq.leaveLine(w)
+	if err != nil || fence == 0 {
+		// Removing the ticket may let the waiter behind this one go first.
+		s.deleteTicket(context.Background(), w.token)
+		lq.kickFront()
+		return nil, 0, err
+	}
+	return w, fence, nil
+}
+
+// deleteTicket removes the ticket of token, with ctx's values but not its
+// cancellation; if that fails the keep-alive goroutine retries it.
+func (s *Session) deleteTicket(ctx context.Context, token int64) error {
+	ctx = context.WithoutCancel(ctx)
+	_, err := s.removeTicket(ctx, token)
+	if err != nil {
+		s.addOrphan(orphan{token: token, ticket: true})
+	}
+	return err
+}
+
+// undoTicket removes a ticket whose insert had an unknown outcome.
+func (s *Session) undoTicket(token int64) {
+	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
+	defer cancel()
+	if _, err := s.removeTicket(ctx, token); err != nil {
+		s.addOrphan(orphan{token: token, ticket: true})
+	}
+}
+
+// removeTicket runs qTicketDelete and reports whether a ticket was removed.
+func (s *Session) removeTicket(ctx context.Context, token int64) (bool, error) {
+	var n int64
+	err := s.withConn(ctx, func(c *connpool.Conn) error {
+		res, err := c.Stmt(int(sTicketDelete)).ExecContext(ctx, s.id, token)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n > 0, err
+}
+
+// queued is what FairMutex and RWMutex have in common: a name in the
+// queued lock space of a session.
+type queued struct {
+	s    *Session
+	name string
+	err  error // the name's validation error
+}
+
+func newQueued(s *Session, name, kind string) queued {
+	if s == nil {
+		panic("dsync: New" + kind + " with nil Session")
+	}
+	return queued{s: s, name: name, err: validName(name)}
+}
+
+// precheck returns the error that stops a call before it starts.
+func (q *queued) precheck(ctx context.Context, op string) error {
+	if q.err != nil {
+		return q.err
+	}
+	if err := q.s.Err(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+	}
+	return nil
+}
+
+// lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
+func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
+	if err := q.precheck(ctx, "lock"); err != nil {
+		return false, err
+	}
+	owner := ownerOf(ctx)
+	lq := q.s.qref(q.name)
+	lq.mu.Lock()
+	switch {
+	case owner != 0 && lq.wHeld && lq.wOwner == owner:
+		lq.wCount++
+		lq.mu.Unlock()
+		q.s.qunref(q.name, lq)
+		return true, nil
+	case owner != 0 && lq.rOwners[owner] > 0:
+		lq.mu.Unlock()
+		q.s.qunref(q.name, lq)
+		return false, fmt.Errorf("dsync: lock %q: %w", q.name, ErrLockUpgrade)
+	case !wait && (lq.wHeld || len(lq.reads) > 0 || len(lq.line) > 0):
+		lq.mu.Unlock()
+		q.s.qunref(q.name, lq)
+		return false, nil
+	}
+	lq.mu.Unlock()
+
+	if !wait {
+		// TryLock: only when nobody holds it and nobody is queued.
+		if n, err := q.s.conflicts(ctx, q.name, 0, modeExclusive); err != nil || n > 0 {
+			q.s.qunref(q.name, lq)
+			return false, q.wrap("lock", err)
+		}
+	}
+	w, fence, err := q.s.acquireTicket(ctx, q.name, lq, modeExclusive, wait)
+	if err != nil || w == nil {
+		q.s.qunref(q.name, lq)
+		return false, q.wrap("lock", err)
+	}
+	lq.mu.Lock()
+	lq.wHeld, lq.wOwner, lq.wCount, lq.wFence, lq.wToken = true, owner, 1, fence, w.token
+	lq.mu.Unlock()
+	return true, nil // the reference now belongs to the hold
+}
+
+// unlock releases one exclusive hold.
+func (q *queued) unlock(ctx context.Context) error {
+	if q.err != nil {
+		return q.err
+	}
+	lq := q.s.qlookup(q.name)
+	if lq == nil {
+		return q.notHeld("unlock")
+	}
+	lq.mu.Lock()
+	if !lq.wHeld {
+		lq.mu.Unlock()
+		return q.notHeld("unlock")
+	}
+	if lq.wOwner != 0 && lq.wOwner != ownerOf(ctx) {
+		lq.mu.Unlock()
+		return fmt.Errorf("dsync: unlock %q: %w", q.name, ErrNotOwner)
+	}
+	if lq.wCount--; lq.wCount > 0 {
+		lq.mu.Unlock()
+		return nil
+	}
+	token := lq.wToken
+	lq.wHeld, lq.wOwner, lq.wFence, lq.wToken = false, 0, 0, 0
+	lq.mu.Unlock()
+	return q.release(ctx, lq, token, "unlock")
+}
+
+// release removes the ticket of a hold that is over and drops its reference.
+func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op string) error {
+	defer q.s.qunref(q.name, lq)
+	if err := q.s.Err(); err != nil {
+		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+	}
+	err := q.s.deleteTicket(ctx, token)
+	lq.kickFront()
+	if err != nil {
+		return fmt.Errorf("dsync: %s %q (the session retries in the background): %w", op, q.name, err)
+	}
+	return nil
+}
+
+// fence returns the fence of the exclusive hold, or 0.
+func (q *queued) fence() int64 {
+	if q.err != nil || q.s.Err() != nil {
+		return 0
+	}
+	lq := q.s.qlookup(q.name)
+	if lq == nil {
+		return 0
+	}
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	return lq.wFence
+}
+
+func (q *queued) notHeld(op string) error {
+	if err := q.s.Err(); err != nil {
+		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+	}
+	return fmt.Errorf("dsync: %s %q: %w", op, q.name, ErrNotHeld)
+}
+
+func (q *queued) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+}
