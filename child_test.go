@@ -31,6 +31,7 @@ type childConfig struct {
 	Goroutines int           // goroutines per process
 	Iterations int           // lock acquisitions per goroutine
 	TTL        time.Duration // session TTL
+	Kind       string        // "fair" or "rw" (role "driver")
 }
 
 func (c childConfig) env() []string {
@@ -42,6 +43,7 @@ func (c childConfig) env() []string {
 		"DSYNC_CHILD_GOROUTINES="+strconv.Itoa(c.Goroutines),
 		"DSYNC_CHILD_ITERATIONS="+strconv.Itoa(c.Iterations),
 		"DSYNC_CHILD_TTL="+c.TTL.String(),
+		"DSYNC_CHILD_KIND="+c.Kind,
 	)
 }
 
@@ -56,6 +58,7 @@ func childConfigFromEnv(role string) childConfig {
 		Goroutines: atoi("DSYNC_CHILD_GOROUTINES"),
 		Iterations: atoi("DSYNC_CHILD_ITERATIONS"),
 		TTL:        ttl,
+		Kind:       os.Getenv("DSYNC_CHILD_KIND"),
 	}
 }
 
@@ -119,6 +122,10 @@ func runChild(role string) int {
 		err = childHold(c)
 	case "churn":
 		err = childChurn(c)
+	case "driver":
+		err = childDriver(c)
+	case "rwcheck":
+		err = childRWCheck(c)
 	default:
 		err = fmt.Errorf("unknown child role %q", role)
 	}

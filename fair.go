@@ -30,9 +30,10 @@ import "context"
 // only while its lease is live, so the line moves on at most one TTL after
 // the crash: one dead process never stalls the queue.
 //
-// Handoff: the waiter next in line polls every 2ms; the holder's Unlock
-// also wakes the next waiter of its own process at once. Waiters further
-// back poll with the session's back-off (see [WithBackOff]). The price of
+// Handoff: the first waiter of each process polls the database, every 2ms
+// for each conflicting ticket ahead of it (so every 2ms when next in line),
+// or sooner when the session's back-off (see [WithBackOff]) says so; the
+// holder's Unlock also wakes the next waiter of its own process at once. The price of
 // fairness is throughput: a lock handed over in strict order cannot be
 // grabbed by whoever happens to ask at the right moment, and a Lock or
 // Unlock costs a few more statements than a Mutex's (enqueue, check,

@@ -25,7 +25,8 @@ const (
 
 // nextInLinePoll is how often a waiter polls when only the holder is ahead
 // of it, so that a handoff to another process costs milliseconds, not a
-// whole back-off period. Waiters further back use the session's back-off.
+// whole back-off period. A waiter with n tickets ahead polls every n times
+// that, or as the session's back-off says when that is sooner.
 const nextInLinePoll = 2 * time.Millisecond
 
 // localQueue is the in-process state of one queued lock name in one Session.
@@ -239,16 +240,17 @@ func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bo
 		case err != nil && (!wait || !retryable(err)):
 			return 0, err
 		}
-		var d time.Duration
-		if err == nil && ahead <= 1 {
-			d = nextInLinePoll
-		} else {
-			if b == nil {
-				b = s.opts.newBackOff()
-			}
-			if d = b.NextBackOff(); d == backoff.Stop {
-				return 0, ErrNotObtained
-			}
+		// Poll again sooner the closer to the head: every 2ms per holder or
+		// waiter ahead, but never slower than the back-off policy says.
+		if b == nil {
+			b = s.opts.newBackOff()
+		}
+		d := b.NextBackOff()
+		if d == backoff.Stop {
+			return 0, ErrNotObtained
+		}
+		if err == nil {
+			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
