@@ -285,4 +285,3 @@ func checkedWrite(ctx context.Context, db *sql.DB, rw *dsync.RWMutex, table stri
 	}
 	return errors.Join(err, rw.Unlock(ctx))
 }
-
