@@ -3,8 +3,12 @@ package dsync_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
@@ -91,4 +95,121 @@ func BenchmarkMutexContended4Procs(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(per*procs*goroutines)/time.Since(start).Seconds(), "handoffs/s")
+}
+
+// BenchmarkFairMutexUncontended is FairMutex Lock+Unlock with no other
+// waiter.
+func BenchmarkFairMutexUncontended(b *testing.B) {
+	m := dsync.NewFairMutex(newSession(b), lockName(b))
+	benchLockUnlock(b, m.Lock, m.Unlock)
+}
+
+// BenchmarkRWMutexUncontendedWrite is RWMutex Lock+Unlock with no other
+// waiter.
+func BenchmarkRWMutexUncontendedWrite(b *testing.B) {
+	rw := dsync.NewRWMutex(newSession(b), lockName(b))
+	benchLockUnlock(b, rw.Lock, rw.Unlock)
+}
+
+// BenchmarkRWMutexUncontendedRead is RWMutex RLock+RUnlock with no other
+// waiter.
+func BenchmarkRWMutexUncontendedRead(b *testing.B) {
+	rw := dsync.NewRWMutex(newSession(b), lockName(b))
+	benchLockUnlock(b, rw.RLock, rw.RUnlock)
+}
+
+func benchLockUnlock(b *testing.B, lock, unlock func(context.Context) error) {
+	ctx := context.Background()
+	if err := lock(ctx); err != nil { // warm the connection and the rows
+		b.Fatal(err)
+	}
+	if err := unlock(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := lock(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFairMutexHandoff8 passes a FairMutex around 8 waiters, each with
+// a session of its own (so every handoff goes through the database, as
+// between processes). handoff-p50-ms and handoff-p99-ms measure from the
+// moment the holder calls Unlock to the moment the next waiter's Lock
+// returns.
+func BenchmarkFairMutexHandoff8(b *testing.B) {
+	name := lockName(b)
+	benchHandoff(b, func(s *dsync.Session) (func(context.Context) error, func(context.Context) error) {
+		m := dsync.NewFairMutex(s, name)
+		return m.Lock, m.Unlock
+	})
+}
+
+// BenchmarkMutexHandoff8 is BenchmarkFairMutexHandoff8 for a Mutex, whose
+// waiters poll with back-off instead of queueing: the next holder is often
+// the goroutine that just released it (its fast path wins the race), which
+// is what makes a Mutex quick to hand over and unfair.
+func BenchmarkMutexHandoff8(b *testing.B) {
+	name := lockName(b)
+	benchHandoff(b, func(s *dsync.Session) (func(context.Context) error, func(context.Context) error) {
+		m := dsync.NewMutex(s, name)
+		return m.Lock, m.Unlock
+	})
+}
+
+func benchHandoff(b *testing.B, newLock func(*dsync.Session) (lock, unlock func(context.Context) error)) {
+	const waiters = 8
+	ctx := context.Background()
+	type pair struct{ lock, unlock func(context.Context) error }
+	var locks []pair
+	for i := 0; i < waiters; i++ {
+		l, u := newLock(newSession(b))
+		locks = append(locks, pair{l, u})
+	}
+	var (
+		mu          sync.Mutex
+		remaining   = b.N
+		lastRelease time.Time
+		samples     []time.Duration
+	)
+	b.ResetTimer()
+	var g errgroup.Group
+	for _, p := range locks {
+		g.Go(func() error {
+			for {
+				if err := p.lock(ctx); err != nil {
+					return err
+				}
+				now := time.Now()
+				mu.Lock()
+				if !lastRelease.IsZero() {
+					samples = append(samples, now.Sub(lastRelease))
+				}
+				done := remaining <= 0
+				remaining--
+				lastRelease = time.Now()
+				mu.Unlock()
+				if err := p.unlock(ctx); err != nil {
+					return err
+				}
+				if done {
+					return nil
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	if len(samples) > 0 {
+		slices.Sort(samples)
+		b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "handoff-p50-ms")
+		b.ReportMetric(float64(samples[len(samples)*99/100].Microseconds())/1000, "handoff-p99-ms")
+	}
 }
