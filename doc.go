@@ -1,6 +1,6 @@
-// Package dsync provides the locks of package sync — [Mutex] (and, later,
-// RWMutex and a first-come-first-served FairMutex) — shared by every process
-// that reaches one MySQL-compatible database (MySQL 5.7/8, MariaDB 10.6+).
+// Package dsync provides the locks of package sync — [Mutex], [RWMutex] and
+// a first-come-first-served [FairMutex] — shared by every process that
+// reaches one MySQL-compatible database (MySQL 5.7/8, MariaDB 10.6+).
 //
 // A [Session] holds a lease row that a background goroutine renews every
 // TTL/3; every lock taken through the session lives exactly as long as that
@@ -23,8 +23,13 @@
 //
 // # Tables
 //
-// NewSession creates two tables (names with the prefix of
-// [WithTablePrefix], default "dsync_"): lease, one row per live session, and
-// lock, one row per lock name ever used (rows are kept, so fences never go
-// back). See queries.go for every statement dsync sends.
+// NewSession creates four tables (names with the prefix of
+// [WithTablePrefix], default "dsync_"): lease, one row per live session;
+// lock, one row per Mutex name ever used; queue, one row per FairMutex or
+// RWMutex name ever used; ticket, one row per waiter or holder of those.
+// Rows of lock and queue are kept, so fences never go back. See queries.go
+// for every statement dsync sends.
+//
+// Mutex has a lock space of its own; FairMutex and RWMutex share another,
+// in which a FairMutex is the write side of the RWMutex of the same name.
 package dsync

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"sync"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -184,4 +185,105 @@ func ExampleMutex_Fence() {
 	n, _ := res.RowsAffected()
 	fmt.Println("write accepted:", n == 1)
 	// Output: write accepted: true
+}
+
+// A FairMutex serves waiters in the order the database saw them arrive,
+// across all processes.
+func ExampleFairMutex() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	printer := dsync.NewFairMutex(session, "printer")
+	if err := printer.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Three jobs queue up while the printer is busy; each waits its turn.
+	var wg sync.WaitGroup
+	order := make(chan int, 3)
+	for job := 1; job <= 3; job++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := dsync.NewFairMutex(session, "printer")
+			if err := m.Lock(ctx); err != nil {
+				log.Print(err)
+				return
+			}
+			order <- job
+			if err := m.Unlock(ctx); err != nil {
+				log.Print(err)
+			}
+		}()
+		time.Sleep(20 * time.Millisecond) // job 1 arrives first, then 2, then 3
+	}
+	if err := printer.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	wg.Wait()
+	close(order)
+	for job := range order {
+		fmt.Println("printed job", job)
+	}
+	// Output:
+	// printed job 1
+	// printed job 2
+	// printed job 3
+}
+
+// Many readers, or one writer, across processes; a waiting writer holds
+// back readers that arrive after it.
+func ExampleRWMutex() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+	config := dsync.NewRWMutex(session, "config")
+
+	// Readers.
+	if err := config.RLock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	ok, err := config.TryLock(ctx)
+	fmt.Println("writer while reading:", ok, err)
+	if err := config.RUnlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// The writer, with an owner: upgrading a read lock is refused at once.
+	owner := dsync.WithOwner(ctx)
+	if err := config.RLock(owner); err != nil {
+		log.Fatal(err)
+	}
+	err = config.Lock(owner)
+	fmt.Println("upgrade refused:", errors.Is(err, dsync.ErrLockUpgrade))
+	if err := config.RUnlock(owner); err != nil {
+		log.Fatal(err)
+	}
+	if err := config.Lock(owner); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("writing with a fence:", config.Fence() > 0)
+	if err := config.Unlock(owner); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// writer while reading: false <nil>
+	// upgrade refused: true
+	// writing with a fence: true
 }

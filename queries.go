@@ -167,8 +167,8 @@ const (
 	qTicketInsert = `INSERT INTO {ticket} (name, holder, token, mode)
 SELECT ?, ?, ?, ? FROM {queue} WHERE name = ? FOR UPDATE`
 
-	// qTicketCheck tells a ticket whether it holds the lock, and takes the
-	// next fence when it does. Args: name, ticket, mode, name.
+	// qTicketCheck tells an exclusive ticket whether it holds the lock, and
+	// takes the next fence when it does. Args: name, ticket, mode, name.
 	// LastInsertId: the new fence when the ticket holds the lock; else
 	// aheadBase plus the number of live tickets before it that conflict
 	// with it (its place in the line). Assignments run left to right: ahead
@@ -186,12 +186,15 @@ WHERE name = ?`
 	// RowsAffected 1: removed; 0: there was none.
 	qTicketDelete = `DELETE FROM {ticket} WHERE holder = ? AND token = ?`
 
-	// qTicketConflicts counts live tickets of a name that a new ticket of the
-	// given mode would queue behind, after the given ticket (0: all).
-	// Args: name, ticket, mode. Used by TryLock, TryRLock and readers that
-	// join a hold of their process.
+	// qTicketConflicts counts the live tickets of a name between two ticket
+	// numbers (exclusive) that a ticket of the given mode conflicts with:
+	// all of them for an exclusive ticket, exclusive ones for a shared one.
+	// Args: name, after, before, mode. A reader's check (no fence to take,
+	// so no write) is the count before its own ticket; TryLock and TryRLock
+	// count the whole line; a reader joining a hold of its process counts
+	// the writers queued after that hold.
 	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-WHERE t.name = ? AND t.ticket > ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)`
+WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)`
 
 	// qTicketDeleteAll removes every ticket of a session; used by Close.
 	// Args: lease id.
@@ -218,6 +221,7 @@ const (
 	sTicketInsert
 	sTicketCheck
 	sTicketDelete
+	sTicketConflicts
 	numStmts
 )
 
@@ -246,7 +250,6 @@ func newQueries(prefix string) *queries {
 		ticketPurge:     r.Replace(qTicketPurge),
 		ticketDeleteAll: r.Replace(qTicketDeleteAll),
 		queueCreate:     r.Replace(qQueueCreate),
-		ticketConflicts: r.Replace(qTicketConflicts),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
@@ -255,5 +258,6 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketInsert] = r.Replace(qTicketInsert)
 	q.prepared[sTicketCheck] = r.Replace(qTicketCheck)
 	q.prepared[sTicketDelete] = r.Replace(qTicketDelete)
+	q.prepared[sTicketConflicts] = r.Replace(qTicketConflicts)
 	return q
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -168,9 +169,16 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 	}
 }
 
-// checkTicket runs qTicketCheck: it returns the new fence when the ticket
-// holds the lock, or 0 and the number of conflicting live tickets ahead.
-func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (fence, ahead int64, err error) {
+// checkTicket tells whether w holds the lock: for an exclusive ticket by
+// qTicketCheck, which also takes the fence, for a shared one by counting the
+// writers ahead (readers have no fence, so their check writes nothing). It
+// returns the number of conflicting live tickets ahead, and the fence when
+// that is 0 and the ticket is exclusive.
+func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (ahead, fence int64, err error) {
+	if w.mode == modeShared {
+		ahead, err = s.conflicts(ctx, name, 0, w.ticket, modeShared)
+		return ahead, 0, err
+	}
 	var r int64
 	err = s.withConn(ctx, func(c *connpool.Conn) error {
 		res, err := c.Stmt(int(sTicketCheck)).ExecContext(ctx, name, w.ticket, w.mode, name)
@@ -180,43 +188,43 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (fenc
 		r, err = res.LastInsertId()
 		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return 0, 0, err
-	}
-	if r >= aheadBase {
-		return 0, r - aheadBase, nil
-	}
-	if r == 0 {
+	case r >= aheadBase:
+		return r - aheadBase, 0, nil
+	case r == 0:
 		return 0, 0, errors.New("queue check returned no result")
 	}
-	return r, 0, nil
+	return 0, r, nil
 }
 
-// conflicts counts live tickets of name after ticket (0: all) that a ticket
-// in mode would queue behind.
-func (s *Session) conflicts(ctx context.Context, name string, after int64, mode int) (int64, error) {
+// conflicts counts the live tickets of name between after and before
+// (exclusive) that a ticket in mode conflicts with.
+func (s *Session) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		return c.QueryRowContext(ctx, s.q.ticketConflicts, name, after, mode).Scan(&n)
+		return c.Stmt(int(sTicketConflicts)).QueryRowContext(ctx, name, after, before, mode).Scan(&n)
 	})
 	return n, err
 }
 
-// awaitTurn waits until w holds the lock and returns its fence. With wait
-// false it gives up (0, nil) instead of waiting.
-func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bool) (int64, error) {
+// awaitTurn waits until w holds the lock and returns its fence (0 for a
+// shared ticket). With wait false it gives up (false, nil) instead of
+// waiting.
+func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bool) (int64, bool, error) {
 	select {
 	case <-w.front:
 	default:
 		if !wait {
-			return 0, nil
+			return 0, false, nil
 		}
 		select {
 		case <-w.front:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, false, ctx.Err()
 		case <-s.done:
-			return 0, s.Err()
+			return 0, false, s.Err()
 		}
 	}
 	var b backoff.BackOff
@@ -227,18 +235,18 @@ func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bo
 		}
 	}()
 	for {
-		fence, ahead, err := s.checkTicket(ctx, name, w)
+		ahead, fence, err := s.checkTicket(ctx, name, w)
 		switch {
-		case err == nil && fence > 0:
-			return fence, nil
+		case err == nil && ahead == 0:
+			return fence, true, nil
 		case err == nil && !wait:
-			return 0, nil
+			return 0, false, nil
 		case err != nil && ctx.Err() != nil:
-			return 0, ctx.Err()
+			return 0, false, ctx.Err()
 		case err != nil && s.Err() != nil:
-			return 0, s.Err()
+			return 0, false, s.Err()
 		case err != nil && (!wait || !retryable(err)):
-			return 0, err
+			return 0, false, err
 		}
 		// Poll again sooner the closer to the head: every 2ms per holder or
 		// waiter ahead, but never slower than the back-off policy says.
@@ -247,7 +255,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bo
 		}
 		d := b.NextBackOff()
 		if d == backoff.Stop {
-			return 0, ErrNotObtained
+			return 0, false, ErrNotObtained
 		}
 		if err == nil {
 			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
@@ -261,9 +269,9 @@ func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bo
 		case <-timer.C:
 		case <-w.kick:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, false, ctx.Err()
 		case <-s.done:
-			return 0, s.Err()
+			return 0, false, s.Err()
 		}
 	}
 }
@@ -303,9 +311,9 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	if err != nil {
 		return nil, 0, err
 	}
-	fence, err := s.awaitTurn(ctx, name, w, wait)
+	fence, ok, err := s.awaitTurn(ctx, name, w, wait)
 	lq.leaveLine(w)
-	if err != nil || fence == 0 {
+	if !ok {
 		// Removing the ticket may let the waiter behind this one go first.
 		s.deleteTicket(context.Background(), w.token)
 		lq.kickFront()
@@ -404,7 +412,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 
 	if !wait {
 		// TryLock: only when nobody holds it and nobody is queued.
-		if n, err := q.s.conflicts(ctx, q.name, 0, modeExclusive); err != nil || n > 0 {
+		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeExclusive); err != nil || n > 0 {
 			q.s.qunref(q.name, lq)
 			return false, q.wrap("lock", err)
 		}

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"math"
 )
 
 // An RWMutex is a reader/writer lock shared by every process whose
@@ -105,7 +106,7 @@ func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
 			q.s.qunref(q.name, lq)
 			return false, nil
 		}
-		if n, err := q.s.conflicts(ctx, q.name, 0, modeShared); err != nil || n > 0 {
+		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeShared); err != nil || n > 0 {
 			q.s.qunref(q.name, lq)
 			return false, q.wrap("rlock", err)
 		}
@@ -140,7 +141,7 @@ func (q *queued) joinRead(ctx context.Context, lq *localQueue, owner uint64) (bo
 	}
 	lq.mu.Unlock()
 
-	n, err := q.s.conflicts(ctx, q.name, hold.ticket, modeShared)
+	n, err := q.s.conflicts(ctx, q.name, hold.ticket, math.MaxInt64, modeShared)
 	if err != nil || n > 0 {
 		return false, err
 	}

@@ -126,11 +126,6 @@ func (c *Conn) ExecContext(ctx context.Context, query string, args ...any) (sql.
 	return c.conn.ExecContext(ctx, query, args...)
 }
 
-// QueryRowContext runs a query that is not prepared on the connection.
-func (c *Conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return c.conn.QueryRowContext(ctx, query, args...)
-}
-
 func (c *Conn) close() {
 	for _, st := range c.stmts {
 		st.Close()
