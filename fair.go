@@ -32,8 +32,9 @@ import "context"
 //
 // Handoff: the first waiter of each process polls the database, every 2ms
 // for each conflicting ticket ahead of it (so every 2ms when next in line),
-// or sooner when the session's back-off (see [WithBackOff]) says so; the
-// holder's Unlock also wakes the next waiter of its own process at once. The price of
+// or sooner when the session's back-off (see [WithBackOff]) says so. While
+// a goroutine of its own process holds the lock it does not poll: that
+// holder's Unlock wakes it at once. The price of
 // fairness is throughput: a lock handed over in strict order cannot be
 // grabbed by whoever happens to ask at the right moment, and a Lock or
 // Unlock costs a few more statements than a Mutex's (enqueue, check,

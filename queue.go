@@ -212,7 +212,7 @@ func (s *Session) conflicts(ctx context.Context, name string, after, before int6
 // awaitTurn waits until w holds the lock and returns its fence (0 for a
 // shared ticket). With wait false it gives up (false, nil) instead of
 // waiting.
-func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bool) (int64, bool, error) {
+func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w *waiter, wait bool) (int64, bool, error) {
 	select {
 	case <-w.front:
 	default:
@@ -265,8 +265,14 @@ func (s *Session) awaitTurn(ctx context.Context, name string, w *waiter, wait bo
 		} else {
 			timer.Reset(d)
 		}
+		wake := timer.C
+		if lq.heldAgainst(w.mode) {
+			// A goroutine of this process holds the lock: its Unlock will
+			// kick this waiter, so polling meanwhile is wasted work.
+			wake = nil
+		}
 		select {
-		case <-timer.C:
+		case <-wake:
 		case <-w.kick:
 		case <-ctx.Done():
 			return 0, false, ctx.Err()
@@ -291,6 +297,14 @@ func (lq *localQueue) leaveLine(w *waiter) {
 	}
 }
 
+// heldAgainst reports whether this process holds the lock in a way that a
+// waiter in mode must wait for.
+func (lq *localQueue) heldAgainst(mode int) bool {
+	lq.mu.Lock()
+	defer lq.mu.Unlock()
+	return lq.wHeld || (mode == modeExclusive && len(lq.reads) > 0)
+}
+
 // kickFront tells the first local waiter to poll now.
 func (lq *localQueue) kickFront() {
 	lq.mu.Lock()
@@ -311,7 +325,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	if err != nil {
 		return nil, 0, err
 	}
-	fence, ok, err := s.awaitTurn(ctx, name, w, wait)
+	fence, ok, err := s.awaitTurn(ctx, name, lq, w, wait)
 	lq.leaveLine(w)
 	if !ok {
 		// Removing the ticket may let the waiter behind this one go first.
