@@ -16,43 +16,60 @@ type localLock struct {
 	// or is acquiring it. Sending is locking, so waiting honours ctx.
 	sem chan struct{}
 
-	refs int // guarded by Session.mu; calls in progress plus 1 while held
-
-	mu    sync.Mutex
-	held  bool   // guarded by mu; the database row is held for this process
-	owner uint64 // guarded by mu; owner token of the hold, 0 for none
-	count int    // guarded by mu; reentrant holds of owner (1 without owner)
-	fence int64  // guarded by mu; fencing token of the hold
-	token int64  // guarded by mu; acquisition token of the hold
+	mu   sync.Mutex
+	hold // guarded by mu; the database row is held for this process when held
 }
 
-// ref returns the local state of name, creating it, and counts a reference.
-func (s *Session) ref(name string) *localLock {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.locks[name]
-	if l == nil {
-		l = &localLock{sem: make(chan struct{}, 1)}
-		s.locks[name] = l
+// registry holds the in-process state (T) of the lock names in use in one
+// Session. A name's state lives while it has references: calls in progress
+// and holds. Its methods lock mu, the Session's.
+type registry[T any] struct {
+	mu      *sync.Mutex
+	entries map[string]*registered[T] // guarded by mu
+	create  func() *T
+}
+
+type registered[T any] struct {
+	refs  int // guarded by registry.mu
+	state *T
+}
+
+func newRegistry[T any](mu *sync.Mutex, create func() *T) registry[T] {
+	return registry[T]{mu: mu, entries: make(map[string]*registered[T]), create: create}
+}
+
+// ref returns the state of name, creating it, and counts a reference.
+func (r registry[T]) ref(name string) *T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[name]
+	if e == nil {
+		e = &registered[T]{state: r.create()}
+		r.entries[name] = e
 	}
-	l.refs++
-	return l
+	e.refs++
+	return e.state
 }
 
-// unref drops a reference, forgetting the state of name when none is left.
-func (s *Session) unref(name string, l *localLock) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if l.refs--; l.refs == 0 {
-		delete(s.locks, name)
+// unref drops a reference taken by ref, forgetting the state of name when
+// none is left.
+func (r registry[T]) unref(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[name]
+	if e.refs--; e.refs == 0 {
+		delete(r.entries, name)
 	}
 }
 
-// lookup returns the local state of name, or nil when nothing uses it.
-func (s *Session) lookup(name string) *localLock {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.locks[name]
+// lookup returns the state of name, or nil when nothing uses it.
+func (r registry[T]) lookup(name string) *T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.entries[name]; e != nil {
+		return e.state
+	}
+	return nil
 }
 
 // enter takes the local lock of l: at once when wait is false (reporting
@@ -80,26 +97,58 @@ func (s *Session) enter(ctx context.Context, l *localLock, wait bool) (bool, err
 // leave releases the local lock of l taken by enter.
 func (l *localLock) leave() { <-l.sem }
 
-// reenter counts one more hold when owner (non-zero) already holds l.
-func (l *localLock) reenter(owner uint64) bool {
-	if owner == 0 {
+// hold is one exclusive hold of a lock by this process, with its owner and
+// reentrancy count. Its user guards it with its own mutex.
+type hold struct {
+	held  bool
+	owner uint64 // owner token of the hold, 0 for none
+	count int    // reentrant holds of owner (1 without owner)
+	fence int64  // fencing token of the hold
+	token int64  // acquisition token of the hold
+}
+
+// reenter counts one more hold when owner (non-zero) already holds it.
+func (h *hold) reenter(owner uint64) bool {
+	if owner == 0 || !h.held || h.owner != owner {
 		return false
 	}
+	h.count++
+	return true
+}
+
+// take records a new hold.
+func (h *hold) take(owner uint64, fence, token int64) {
+	*h = hold{held: true, owner: owner, count: 1, fence: fence, token: token}
+}
+
+// drop undoes one hold by owner (the owner in the caller's context). It
+// returns the token to release when that was the last hold, 0 when holds
+// remain, or ErrNotHeld or ErrNotOwner.
+func (h *hold) drop(owner uint64) (int64, error) {
+	switch {
+	case !h.held:
+		return 0, ErrNotHeld
+	case h.owner != 0 && h.owner != owner:
+		return 0, ErrNotOwner
+	}
+	if h.count--; h.count > 0 {
+		return 0, nil
+	}
+	token := h.token
+	*h = hold{}
+	return token, nil
+}
+
+// reenter counts one more hold when owner (non-zero) already holds l.
+func (l *localLock) reenter(owner uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.held && l.owner == owner {
-		l.count++
-		return true
-	}
-	return false
+	return l.hold.reenter(owner)
 }
 
 // currentFence returns the fence of the hold, or 0 when not held.
 func (l *localLock) currentFence() int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.held {
-		return 0
-	}
-	return l.fence
+	return l.fence // 0 when not held
 }

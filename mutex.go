@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,7 +55,7 @@ func (m *Mutex) Fence() int64 {
 	if m.err != nil || m.s.Err() != nil {
 		return 0
 	}
-	l := m.s.lookup(m.name)
+	l := m.s.locks.lookup(m.name)
 	if l == nil {
 		return 0
 	}
@@ -91,14 +92,14 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 		return false, fmt.Errorf("dsync: lock %q: %w", m.name, err)
 	}
 	owner := ownerOf(ctx)
-	l := m.s.ref(m.name)
+	l := m.s.locks.ref(m.name)
 	if l.reenter(owner) {
-		m.s.unref(m.name, l)
+		m.s.locks.unref(m.name)
 		return true, nil
 	}
 	entered, err := m.s.enter(ctx, l, wait)
 	if !entered {
-		m.s.unref(m.name, l)
+		m.s.locks.unref(m.name)
 		if err != nil {
 			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
 		}
@@ -107,14 +108,14 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	fence, token, err := m.acquire(ctx, wait)
 	if err != nil || fence == 0 {
 		l.leave()
-		m.s.unref(m.name, l)
+		m.s.locks.unref(m.name)
 		if err != nil {
 			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
 		}
 		return false, err
 	}
 	l.mu.Lock()
-	l.held, l.owner, l.count, l.fence, l.token = true, owner, 1, fence, token
+	l.take(owner, fence, token)
 	l.mu.Unlock()
 	return true, nil // the reference from ref now belongs to the hold
 }
@@ -192,27 +193,22 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.err
 	}
-	l := m.s.lookup(m.name)
+	l := m.s.locks.lookup(m.name)
 	if l == nil {
 		return m.notHeld()
 	}
 	l.mu.Lock()
-	if !l.held {
-		l.mu.Unlock()
-		return m.notHeld()
-	}
-	if l.owner != 0 && l.owner != ownerOf(ctx) {
-		l.mu.Unlock()
-		return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotOwner)
-	}
-	if l.count--; l.count > 0 {
-		l.mu.Unlock()
-		return nil
-	}
-	token := l.token
-	l.held, l.owner, l.fence, l.token = false, 0, 0, 0
+	token, err := l.drop(ownerOf(ctx))
 	l.mu.Unlock()
-	defer m.s.unref(m.name, l)
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		return m.notHeld()
+	case err != nil:
+		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+	case token == 0:
+		return nil // holds of the owner remain
+	}
+	defer m.s.locks.unref(m.name)
 	defer l.leave() // after the row is free, so the next local holder finds it free
 
 	if err := m.s.Err(); err != nil {

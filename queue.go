@@ -32,8 +32,6 @@ const nextInLinePoll = 2 * time.Millisecond
 
 // localQueue is the in-process state of one queued lock name in one Session.
 type localQueue struct {
-	refs int // guarded by Session.mu; calls in progress plus one per hold
-
 	// enq serializes this process's enqueues, so that its tickets are in the
 	// order its goroutines arrived (goroutines blocked sending on a channel
 	// are served first in, first out).
@@ -42,12 +40,7 @@ type localQueue struct {
 	mu   sync.Mutex
 	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
 
-	// The exclusive hold of this process, if any. Guarded by mu.
-	wHeld  bool
-	wOwner uint64 // owner token, 0 for none
-	wCount int    // reentrant holds
-	wFence int64
-	wToken int64
+	hold // guarded by mu; the exclusive hold of this process, if any
 
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
@@ -76,35 +69,6 @@ func (lq *localQueue) readers() int {
 		n += r.count
 	}
 	return n
-}
-
-// qref returns the local state of a queued lock name, counting a reference.
-func (s *Session) qref(name string) *localQueue {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	lq := s.queues[name]
-	if lq == nil {
-		lq = &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
-		s.queues[name] = lq
-	}
-	lq.refs++
-	return lq
-}
-
-// qunref drops a reference, forgetting the state when none is left.
-func (s *Session) qunref(name string, lq *localQueue) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if lq.refs--; lq.refs == 0 {
-		delete(s.queues, name)
-	}
-}
-
-// qlookup returns the local state of a queued lock name, or nil.
-func (s *Session) qlookup(name string) *localQueue {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.queues[name]
 }
 
 // enqueue gives the calling goroutine a ticket in mode and a place at the
@@ -302,7 +266,7 @@ func (lq *localQueue) leaveLine(w *waiter) {
 func (lq *localQueue) heldAgainst(mode int) bool {
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
-	return lq.wHeld || (mode == modeExclusive && len(lq.reads) > 0)
+	return lq.held || (mode == modeExclusive && len(lq.reads) > 0)
 }
 
 // kickFront tells the first local waiter to poll now.
@@ -405,21 +369,20 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 		return false, err
 	}
 	owner := ownerOf(ctx)
-	lq := q.s.qref(q.name)
+	lq := q.s.queues.ref(q.name)
 	lq.mu.Lock()
 	switch {
-	case owner != 0 && lq.wHeld && lq.wOwner == owner:
-		lq.wCount++
+	case lq.reenter(owner):
 		lq.mu.Unlock()
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return true, nil
 	case owner != 0 && lq.rOwners[owner] > 0:
 		lq.mu.Unlock()
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return false, fmt.Errorf("dsync: lock %q: %w", q.name, ErrLockUpgrade)
-	case !wait && (lq.wHeld || len(lq.reads) > 0 || len(lq.line) > 0):
+	case !wait && (lq.held || len(lq.reads) > 0 || len(lq.line) > 0):
 		lq.mu.Unlock()
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return false, nil
 	}
 	lq.mu.Unlock()
@@ -427,17 +390,17 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 	if !wait {
 		// TryLock: only when nobody holds it and nobody is queued.
 		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeExclusive); err != nil || n > 0 {
-			q.s.qunref(q.name, lq)
+			q.s.queues.unref(q.name)
 			return false, q.wrap("lock", err)
 		}
 	}
 	w, fence, err := q.s.acquireTicket(ctx, q.name, lq, modeExclusive, wait)
 	if err != nil || w == nil {
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return false, q.wrap("lock", err)
 	}
 	lq.mu.Lock()
-	lq.wHeld, lq.wOwner, lq.wCount, lq.wFence, lq.wToken = true, owner, 1, fence, w.token
+	lq.take(owner, fence, w.token)
 	lq.mu.Unlock()
 	return true, nil // the reference now belongs to the hold
 }
@@ -447,32 +410,27 @@ func (q *queued) unlock(ctx context.Context) error {
 	if q.err != nil {
 		return q.err
 	}
-	lq := q.s.qlookup(q.name)
+	lq := q.s.queues.lookup(q.name)
 	if lq == nil {
 		return q.notHeld("unlock")
 	}
 	lq.mu.Lock()
-	if !lq.wHeld {
-		lq.mu.Unlock()
-		return q.notHeld("unlock")
-	}
-	if lq.wOwner != 0 && lq.wOwner != ownerOf(ctx) {
-		lq.mu.Unlock()
-		return fmt.Errorf("dsync: unlock %q: %w", q.name, ErrNotOwner)
-	}
-	if lq.wCount--; lq.wCount > 0 {
-		lq.mu.Unlock()
-		return nil
-	}
-	token := lq.wToken
-	lq.wHeld, lq.wOwner, lq.wFence, lq.wToken = false, 0, 0, 0
+	token, err := lq.drop(ownerOf(ctx))
 	lq.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrNotHeld):
+		return q.notHeld("unlock")
+	case err != nil:
+		return fmt.Errorf("dsync: unlock %q: %w", q.name, err)
+	case token == 0:
+		return nil // holds of the owner remain
+	}
 	return q.release(ctx, lq, token, "unlock")
 }
 
 // release removes the ticket of a hold that is over and drops its reference.
 func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op string) error {
-	defer q.s.qunref(q.name, lq)
+	defer q.s.queues.unref(q.name)
 	if err := q.s.Err(); err != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
 	}
@@ -489,13 +447,13 @@ func (q *queued) fence() int64 {
 	if q.err != nil || q.s.Err() != nil {
 		return 0
 	}
-	lq := q.s.qlookup(q.name)
+	lq := q.s.queues.lookup(q.name)
 	if lq == nil {
 		return 0
 	}
 	lq.mu.Lock()
 	defer lq.mu.Unlock()
-	return lq.wFence
+	return lq.fence // 0 when not held
 }
 
 func (q *queued) notHeld(op string) error {

@@ -92,28 +92,28 @@ func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
 		return false, err
 	}
 	owner := ownerOf(ctx)
-	lq := q.s.qref(q.name)
+	lq := q.s.queues.ref(q.name)
 	joined, err := q.joinRead(ctx, lq, owner)
 	if err != nil || joined {
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return joined, q.wrap("rlock", err)
 	}
 	if !wait {
 		lq.mu.Lock()
-		busy := lq.wHeld || len(lq.line) > 0
+		busy := lq.held || len(lq.line) > 0
 		lq.mu.Unlock()
 		if busy {
-			q.s.qunref(q.name, lq)
+			q.s.queues.unref(q.name)
 			return false, nil
 		}
 		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeShared); err != nil || n > 0 {
-			q.s.qunref(q.name, lq)
+			q.s.queues.unref(q.name)
 			return false, q.wrap("rlock", err)
 		}
 	}
 	w, _, err := q.s.acquireTicket(ctx, q.name, lq, modeShared, wait)
 	if err != nil || w == nil {
-		q.s.qunref(q.name, lq)
+		q.s.queues.unref(q.name)
 		return false, q.wrap("rlock", err)
 	}
 	lq.mu.Lock()
@@ -172,7 +172,7 @@ func (q *queued) runlock(ctx context.Context) error {
 	if q.err != nil {
 		return q.err
 	}
-	lq := q.s.qlookup(q.name)
+	lq := q.s.queues.lookup(q.name)
 	if lq == nil {
 		return q.notHeld("runlock")
 	}

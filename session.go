@@ -123,11 +123,11 @@ type Session struct {
 	renewer   chan struct{}   // closed when the keep-alive goroutine returns
 
 	mu      sync.Mutex
-	err     error                  // guarded by mu; nil while live
-	closed  bool                   // guarded by mu; Close was called
-	locks   map[string]*localLock  // guarded by mu; in-process state per lock name in use
-	queues  map[string]*localQueue // guarded by mu; the same for queued lock names
-	orphans []orphan               // guarded by mu; rows to free in the background
+	err     error                // guarded by mu; nil while live
+	closed  bool                 // guarded by mu; Close was called
+	locks   registry[localLock]  // in-process state of the Mutex names in use
+	queues  registry[localQueue] // the same for FairMutex and RWMutex names
+	orphans []orphan             // guarded by mu; rows to free in the background
 }
 
 // orphan is a lock row that this session may hold without a local holder:
@@ -185,9 +185,11 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		logger:  o.logger,
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
-		locks:   make(map[string]*localLock),
-		queues:  make(map[string]*localQueue),
 	}
+	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
+	s.queues = newRegistry(&s.mu, func() *localQueue {
+		return &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
+	})
 	start := time.Now()
 	res, err := db.ExecContext(ctx, q.leaseInsert, o.label, o.ttl.Microseconds())
 	if err == nil {
