@@ -10,9 +10,10 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
@@ -161,24 +162,24 @@ func childCounter(c childConfig) error {
 	defer s.Close()
 	m := dsync.NewMutex(s, c.Name)
 	ctx := context.Background()
-	errs := make(chan error, c.Goroutines)
-	for g := 0; g < c.Goroutines; g++ {
-		go func() {
-			for i := 0; i < c.Iterations; i++ {
-				if err := increment(ctx, db, m, c.Table); err != nil {
-					errs <- err
-					return
+	return inParallel(c.Goroutines, c.Iterations, func() error { return increment(ctx, db, m, c.Table) })
+}
+
+// inParallel runs f iterations times in each of n goroutines and returns
+// the first error.
+func inParallel(n, iterations int, f func() error) error {
+	var g errgroup.Group
+	for range n {
+		g.Go(func() error {
+			for range iterations {
+				if err := f(); err != nil {
+					return err
 				}
 			}
-			errs <- nil
-		}()
+			return nil
+		})
 	}
-	for g := 0; g < c.Goroutines; g++ {
-		if e := <-errs; e != nil && err == nil {
-			err = e
-		}
-	}
-	return err
+	return g.Wait()
 }
 
 // increment is one critical section: read the counter, write it back plus
@@ -232,25 +233,10 @@ func childChurn(c childConfig) error {
 		return err
 	}
 	ctx := context.Background()
-	var wg sync.WaitGroup
-	errs := make(chan error, c.Goroutines)
-	for g := 0; g < c.Goroutines; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < c.Iterations; i++ {
-				if err := m.Lock(ctx); err != nil {
-					errs <- err
-					return
-				}
-				if err := m.Unlock(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return inParallel(c.Goroutines, c.Iterations, func() error {
+		if err := m.Lock(ctx); err != nil {
+			return err
+		}
+		return m.Unlock(ctx)
+	})
 }

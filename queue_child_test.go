@@ -224,30 +224,12 @@ func childRWCheck(c childConfig) error {
 	defer s.Close()
 	rw := dsync.NewRWMutex(s, c.Name)
 	ctx := context.Background()
-	errs := make(chan error, c.Goroutines)
-	for g := 0; g < c.Goroutines; g++ {
-		go func() {
-			for i := 0; i < c.Iterations; i++ {
-				var err error
-				if rand.IntN(5) == 0 {
-					err = checkedWrite(ctx, db, rw, c.Table)
-				} else {
-					err = checkedRead(ctx, db, rw, c.Table)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for g := 0; g < c.Goroutines; g++ {
-		if e := <-errs; e != nil && err == nil {
-			err = e
+	return inParallel(c.Goroutines, c.Iterations, func() error {
+		if rand.IntN(5) == 0 {
+			return checkedWrite(ctx, db, rw, c.Table)
 		}
-	}
-	return err
+		return checkedRead(ctx, db, rw, c.Table)
+	})
 }
 
 func checkedRead(ctx context.Context, db *sql.DB, rw *dsync.RWMutex, table string) error {
