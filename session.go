@@ -269,8 +269,9 @@ func (s *Session) keepAlive(lastSent time.Time) {
 		switch {
 		case err == nil:
 			deadline = sent.Add(ttl - s.safetyMargin())
-			s.freeOrphans()
-			timer.Reset(ttl / 3)
+			next := sent.Add(ttl / 3)
+			s.freeOrphans(next)
+			timer.Reset(max(time.Until(next), 0))
 		case errors.Is(err, errLeaseEnded):
 			s.lose(err)
 			return
@@ -326,15 +327,16 @@ func (s *Session) addOrphan(o orphan) {
 	s.mu.Unlock()
 }
 
-// freeOrphans tries once to free every orphaned row.
-func (s *Session) freeOrphans() {
+// freeOrphans tries once to free every orphaned row or ticket, giving up at
+// until, so that the next renewal is not delayed.
+func (s *Session) freeOrphans(until time.Time) {
 	s.mu.Lock()
 	todo := s.orphans
 	s.orphans = nil
 	s.mu.Unlock()
 	var keep []orphan
 	for i, o := range todo {
-		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
+		ctx, cancel := context.WithDeadline(s.stopped, until)
 		var freed bool
 		var err error
 		if o.ticket {
