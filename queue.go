@@ -63,14 +63,6 @@ type waiter struct {
 	kick          chan struct{} // a value means: poll now, the line may have moved
 }
 
-func (lq *localQueue) readers() int {
-	n := 0
-	for _, r := range lq.reads {
-		n += r.count
-	}
-	return n
-}
-
 // enqueue gives the calling goroutine a ticket in mode and a place at the
 // end of the local line.
 func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode int) (*waiter, error) {
@@ -101,6 +93,7 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing. After an error whose outcome is unknown it removes the ticket.
 func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
+	created := false
 	for attempt := 0; ; attempt++ {
 		var ticket int64
 		err := s.withConn(ctx, func(c *connpool.Conn) error {
@@ -121,9 +114,10 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 			return 0, err
 		case ticket > 0:
 			return ticket, nil
-		case attempt > 0:
+		case created:
 			return 0, errors.New("queue row vanished")
 		}
+		created = true
 		if err := s.withConn(ctx, func(c *connpool.Conn) error {
 			_, err := c.ExecContext(ctx, s.q.queueCreate, name)
 			return err
@@ -286,7 +280,12 @@ func (lq *localQueue) kickFront() {
 // the waiter has left the local line.
 func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
 	w, err := s.enqueue(ctx, name, lq, mode)
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, 0, ctx.Err()
+	case err != nil && s.Err() != nil:
+		return nil, 0, s.Err()
+	case err != nil:
 		return nil, 0, err
 	}
 	fence, ok, err := s.awaitTurn(ctx, name, lq, w, wait)
