@@ -9,8 +9,7 @@ import (
 // Goroutines of the process queue on sem; only the goroutine that holds sem
 // talks to the database about the name, so N local waiters cost one
 // database waiter, and the session never runs two acquisitions of one name
-// at once (which lets the acquire statement treat a row held by its own
-// session as an orphan it may take over).
+// at once.
 type localLock struct {
 	// sem holds one value while a goroutine of this process holds the lock
 	// or is acquiring it. Sending is locking, so waiting honours ctx.

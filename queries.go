@@ -100,27 +100,26 @@ WHERE id = ? AND expires_at > NOW(6)`
 
 // Lock statements.
 const (
-	// qLockAcquireFast takes a lock row that exists and is free (or is an
-	// orphan of this session, see qLockAcquire) in one cheap statement: no
-	// subquery, no insert. Args: lease id, token, name, lease id.
+	// qLockAcquireFast takes a lock row that exists and is free in one cheap
+	// statement: no subquery, no insert. Args: lease id, token, name.
 	// LastInsertId is the new fence when the lock was taken, 0 otherwise (no
 	// row, or a holder that may be live: then qLockAcquire decides).
 	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1)
-WHERE name = ? AND holder IN (0, ?)`
+WHERE name = ? AND holder = 0`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
 	// statement, whatever state the row is in. Args: name, lease id, token,
-	// lease id, -lease id, token, lease id.
+	// -lease id, token, lease id.
 	//
-	// LastInsertId is the new fence when the lock was taken, 0 when another
-	// live lease holds it. RowsAffected is not used: it depends on the
-	// client's clientFoundRows.
+	// LastInsertId is the new fence when the lock was taken, 0 when a live
+	// lease holds it. RowsAffected is not used: it depends on the client's
+	// clientFoundRows.
 	//
-	// A row that this session itself holds counts as free: a session runs
-	// at most one acquisition per name at a time (the local layer sees to
-	// that), so such a row is an orphan of an earlier attempt whose outcome
-	// was unknown, and taking it over with a new token and fence is what
-	// frees it.
+	// A row held by this session itself counts as held, even though the
+	// session runs one acquisition per name at a time: an attempt that the
+	// client gave up on can still land on the server later, and it must not
+	// overwrite a later acquisition's token. The session frees such late
+	// rows in the background (see orphan in session.go).
 	//
 	// A new row is inserted held, with fence 1. For an existing row the
 	// ON DUPLICATE KEY UPDATE assignments run left to right, each seeing the
@@ -133,8 +132,8 @@ WHERE name = ? AND holder IN (0, ?)`
 	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence)
 VALUES (?, ?, ?, LAST_INSERT_ID(1))
 ON DUPLICATE KEY UPDATE
-  holder = IF(holder = ? OR NOT EXISTS (SELECT 1 FROM {lease} l
-                                       WHERE l.id = {lock}.holder AND l.expires_at > NOW(6)),
+  holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
+                          WHERE l.id = {lock}.holder AND l.expires_at > NOW(6)),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   token = IF(holder < 0, ?, token),

@@ -310,11 +310,12 @@ func (s *Session) deleteTicket(ctx context.Context, token int64) error {
 	return err
 }
 
-// undoTicket removes a ticket whose insert had an unknown outcome.
+// undoTicket removes a ticket whose insert had an unknown outcome; as for
+// undoAcquire, unless it found the ticket the keep-alive keeps trying.
 func (s *Session) undoTicket(token int64) {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 	defer cancel()
-	if _, err := s.removeTicket(ctx, token); err != nil {
+	if removed, err := s.removeTicket(ctx, token); err != nil || !removed {
 		s.addOrphan(orphan{token: token, ticket: true})
 	}
 }

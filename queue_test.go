@@ -256,3 +256,41 @@ func TestFairMutexTryLockDoesNotJumpTheLine(t *testing.T) {
 	waiter.send(t, "release 1")
 	waiter.expect(t, "released 1", 5*time.Second)
 }
+
+// TestFairMutexCancelledMidAcquire cancels FairMutex.Lock at random
+// moments, many while a statement is on the wire; a failed Lock must leave
+// no ticket behind for good, so another session gets the lock.
+func TestFairMutexCancelledMidAcquire(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	m := dsync.NewFairMutex(newSession(t, dsync.WithTTL(time.Second)), name)
+	failed := 0
+	for i := 0; i < 200; i++ {
+		ctx, cancel := context.WithTimeout(bg, time.Duration(i%40)*40*time.Microsecond)
+		err := m.Lock(ctx)
+		cancel()
+		if err == nil {
+			if err := m.Unlock(bg); err != nil {
+				t.Fatalf("Unlock: %v", err)
+			}
+			continue
+		}
+		failed++
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Lock: got %v; want DeadlineExceeded", err)
+		}
+	}
+	t.Logf("%d of 200 Lock calls ended by their deadline", failed)
+	if failed == 0 {
+		t.Fatal("no Lock call was cancelled; the test proves nothing")
+	}
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	other := dsync.NewFairMutex(newSession(t), name)
+	if err := other.Lock(ctx); err != nil {
+		t.Fatalf("Lock by another session: %v", err)
+	}
+	if err := other.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -130,9 +130,11 @@ type Session struct {
 	orphans []orphan             // guarded by mu; rows to free in the background
 }
 
-// orphan is a lock row that this session may hold without a local holder:
-// an acquire whose outcome was unknown, or a release that failed. The
-// keep-alive goroutine frees it.
+// orphan is a lock row or ticket that this session may hold without a local
+// holder: an acquire or enqueue whose outcome was unknown (the statement may
+// still land on the server after the client gave up on it), or a release
+// that failed. The keep-alive goroutine frees it, by its token, so a later
+// acquisition of the same name is never touched.
 type orphan struct {
 	name   string // lock name (lock rows only)
 	token  int64
@@ -141,10 +143,9 @@ type orphan struct {
 }
 
 // orphanWindow is how long the session keeps trying to free an orphan that
-// it did not find held: the statement that may take it can still be queued
-// on the server behind a row lock (innodb_lock_wait_timeout is 50s by
-// default). A later acquisition of the same name by this session takes the
-// row over in any case.
+// it did not find: the statement that may create it can still be queued on
+// the server behind a row lock (innodb_lock_wait_timeout is 50s by
+// default), and lands, if ever, within that time.
 const orphanWindow = time.Minute
 
 // NewSession creates the tables if they are missing (safe when many
@@ -412,9 +413,9 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 		var res sql.Result
 		var err error
 		if fast {
-			res, err = c.Stmt(int(sLockAcquireFast)).ExecContext(ctx, s.id, token, name, s.id)
+			res, err = c.Stmt(int(sLockAcquireFast)).ExecContext(ctx, s.id, token, name)
 		} else {
-			res, err = c.Stmt(int(sLockAcquire)).ExecContext(ctx, name, s.id, token, s.id, -s.id, token, s.id)
+			res, err = c.Stmt(int(sLockAcquire)).ExecContext(ctx, name, s.id, token, -s.id, token, s.id)
 		}
 		if err != nil {
 			if !connpool.Reusable(err) {
@@ -429,14 +430,14 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 }
 
 // undoAcquire frees a row an acquisition with token may have taken. The
-// statement may still be running on the server when the client gave up on it
-// (the driver does not cancel it there), so the undo waits for its turn on
-// the row like any other write; if the undo fails too, the keep-alive
-// goroutine retries it.
+// statement may still be on its way to the server, or waiting there, when
+// the client gave up on it (the driver does not cancel it there): unless the
+// undo found and freed the row, the keep-alive goroutine keeps trying for
+// orphanWindow.
 func (s *Session) undoAcquire(name string, token int64) {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 	defer cancel()
-	if _, err := s.releaseRow(ctx, name, token); err != nil {
+	if freed, err := s.releaseRow(ctx, name, token); err != nil || !freed {
 		s.addOrphan(orphan{name: name, token: token})
 	}
 }
