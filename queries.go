@@ -28,14 +28,14 @@ const (
 	// holder's per-acquisition token (chosen by the client before the write,
 	// so an ambiguous acquire can be undone), fence the fencing token of the
 	// latest acquisition. A row whose holder's lease has ended is free.
-	// (There is deliberately no acquired_at column: writing a timestamp on
-	// every acquisition measurably slows the uncontended path.)
+	// (There is deliberately no acquired_at column and no index on holder:
+	// writing a timestamp, or an indexed column, on every acquisition
+	// measurably slows the uncontended path.)
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name   VARBINARY(255) NOT NULL PRIMARY KEY,
   holder BIGINT         NOT NULL DEFAULT 0,
   token  BIGINT         NOT NULL DEFAULT 0,
-  fence  BIGINT         NOT NULL DEFAULT 0,
-  KEY holder_idx (holder)
+  fence  BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 )
 
@@ -64,8 +64,7 @@ const (
   holder BIGINT         NOT NULL,
   token  BIGINT         NOT NULL,
   mode   TINYINT        NOT NULL,
-  KEY name_ticket_idx (name, ticket),
-  KEY holder_idx (holder)
+  KEY name_ticket_idx (name, ticket)
 ) ENGINE=InnoDB`
 )
 
@@ -145,10 +144,6 @@ ON DUPLICATE KEY UPDATE
 	// 0: this acquisition did not hold it (never landed, or lost).
 	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0
 WHERE name = ? AND holder = ? AND token = ?`
-
-	// qLockReleaseAll frees every lock row held by a session; used by Close.
-	// Args: lease id.
-	qLockReleaseAll = `UPDATE {lock} SET holder = 0, token = 0 WHERE holder = ?`
 )
 
 // Queued lock statements.
@@ -181,9 +176,9 @@ WHERE name = ?`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
-	// whose insert had an unknown outcome. Args: lease id, token.
+	// whose insert had an unknown outcome. Args: name, lease id, token.
 	// RowsAffected 1: removed; 0: there was none.
-	qTicketDelete = `DELETE FROM {ticket} WHERE holder = ? AND token = ?`
+	qTicketDelete = `DELETE FROM {ticket} WHERE name = ? AND holder = ? AND token = ?`
 
 	// qTicketConflicts counts the live tickets of a name between two ticket
 	// numbers (exclusive) that a ticket of the given mode conflicts with:
@@ -194,10 +189,6 @@ WHERE name = ?`
 	// the writers queued after that hold.
 	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)`
-
-	// qTicketDeleteAll removes every ticket of a session; used by Close.
-	// Args: lease id.
-	qTicketDeleteAll = `DELETE FROM {ticket} WHERE holder = ?`
 
 	// qTicketPurge removes tickets whose lease row is gone (crashed
 	// sessions, purged by qLeasePurge). They are skipped anyway; this only
@@ -228,7 +219,6 @@ const (
 type queries struct {
 	createLease, createLock, createQueue, createTicket string
 	leaseInsert, leaseDelete, leasePurge, ticketPurge  string
-	lockReleaseAll, ticketDeleteAll                    string
 	queueCreate, ticketConflicts                       string
 	prepared                                           [numStmts]string // indexed by stmtIndex
 }
@@ -237,18 +227,16 @@ func newQueries(prefix string) *queries {
 	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
 		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`")
 	q := &queries{
-		createLease:    r.Replace(qCreateLease),
-		createLock:     r.Replace(qCreateLock),
-		leaseInsert:    r.Replace(qLeaseInsert),
-		leaseDelete:    r.Replace(qLeaseDelete),
-		leasePurge:     r.Replace(qLeasePurge),
-		lockReleaseAll: r.Replace(qLockReleaseAll),
+		createLease: r.Replace(qCreateLease),
+		createLock:  r.Replace(qCreateLock),
+		leaseInsert: r.Replace(qLeaseInsert),
+		leaseDelete: r.Replace(qLeaseDelete),
+		leasePurge:  r.Replace(qLeasePurge),
 
-		createQueue:     r.Replace(qCreateQueue),
-		createTicket:    r.Replace(qCreateTicket),
-		ticketPurge:     r.Replace(qTicketPurge),
-		ticketDeleteAll: r.Replace(qTicketDeleteAll),
-		queueCreate:     r.Replace(qQueueCreate),
+		createQueue:  r.Replace(qCreateQueue),
+		createTicket: r.Replace(qCreateTicket),
+		ticketPurge:  r.Replace(qTicketPurge),
+		queueCreate:  r.Replace(qQueueCreate),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)

@@ -106,7 +106,7 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		})
 		switch {
 		case err != nil && !connpool.Reusable(err):
-			s.undoTicket(token)
+			s.undoTicket(name, token)
 			return 0, err
 		case err != nil && retryable(err) && ctx.Err() == nil && attempt < 10:
 			continue
@@ -292,7 +292,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	lq.leaveLine(w)
 	if !ok {
 		// Removing the ticket may let the waiter behind this one go first.
-		s.deleteTicket(context.Background(), w.token)
+		s.deleteTicket(context.Background(), name, w.token)
 		lq.kickFront()
 		return nil, 0, err
 	}
@@ -301,30 +301,30 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 
 // deleteTicket removes the ticket of token, with ctx's values but not its
 // cancellation; if that fails the keep-alive goroutine retries it.
-func (s *Session) deleteTicket(ctx context.Context, token int64) error {
+func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
 	ctx = context.WithoutCancel(ctx)
-	_, err := s.removeTicket(ctx, token)
+	_, err := s.removeTicket(ctx, name, token)
 	if err != nil {
-		s.addOrphan(orphan{token: token, ticket: true})
+		s.addOrphan(orphan{name: name, token: token, ticket: true})
 	}
 	return err
 }
 
 // undoTicket removes a ticket whose insert had an unknown outcome; as for
 // undoAcquire, unless it found the ticket the keep-alive keeps trying.
-func (s *Session) undoTicket(token int64) {
+func (s *Session) undoTicket(name string, token int64) {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 	defer cancel()
-	if removed, err := s.removeTicket(ctx, token); err != nil || !removed {
-		s.addOrphan(orphan{token: token, ticket: true})
+	if removed, err := s.removeTicket(ctx, name, token); err != nil || !removed {
+		s.addOrphan(orphan{name: name, token: token, ticket: true})
 	}
 }
 
 // removeTicket runs qTicketDelete and reports whether a ticket was removed.
-func (s *Session) removeTicket(ctx context.Context, token int64) (bool, error) {
+func (s *Session) removeTicket(ctx context.Context, name string, token int64) (bool, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sTicketDelete)).ExecContext(ctx, s.id, token)
+		res, err := c.Stmt(int(sTicketDelete)).ExecContext(ctx, name, s.id, token)
 		if err != nil {
 			return err
 		}
@@ -434,7 +434,7 @@ func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op st
 	if err := q.s.Err(); err != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
 	}
-	err := q.s.deleteTicket(ctx, token)
+	err := q.s.deleteTicket(ctx, q.name, token)
 	lq.kickFront()
 	if err != nil {
 		return fmt.Errorf("dsync: %s %q (the session retries in the background): %w", op, q.name, err)

@@ -136,7 +136,7 @@ type Session struct {
 // that failed. The keep-alive goroutine frees it, by its token, so a later
 // acquisition of the same name is never touched.
 type orphan struct {
-	name   string // lock name (lock rows only)
+	name   string // lock name
 	token  int64
 	ticket bool      // a queued lock's ticket rather than a lock row
 	since  time.Time // when it was recorded
@@ -341,7 +341,7 @@ func (s *Session) freeOrphans(until time.Time) {
 		var freed bool
 		var err error
 		if o.ticket {
-			freed, err = s.removeTicket(ctx, o.token)
+			freed, err = s.removeTicket(ctx, o.name, o.token)
 		} else {
 			freed, err = s.releaseRow(ctx, o.name, o.token)
 		}
@@ -362,8 +362,8 @@ func (s *Session) freeOrphans(until time.Time) {
 }
 
 // Close ends the session: Done closes, calls in progress and later return
-// [ErrSessionClosed], every lock row the session holds is freed and the lease
-// row deleted. Close returns within about one TTL even when the database is
+// [ErrSessionClosed], and the lease row is deleted, which frees every lock
+// the session holds at once. Close returns within about one TTL even when the database is
 // unreachable; the lease then simply ends on the server. Calling Close again
 // returns ErrSessionClosed.
 func (s *Session) Close() error {
@@ -381,20 +381,54 @@ func (s *Session) Close() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ttl)
 	defer cancel()
+	// Deleting the lease frees every lock row and ticket of the session at
+	// once: a holder whose lease row is gone holds nothing.
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		if _, err := c.ExecContext(ctx, s.q.lockReleaseAll, s.id); err != nil {
-			return err
-		}
-		if _, err := c.ExecContext(ctx, s.q.ticketDeleteAll, s.id); err != nil {
-			return err
-		}
 		_, err := c.ExecContext(ctx, s.q.leaseDelete, s.id)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("dsync: close session %d (its lease ends on the server within %v): %w", s.id, s.opts.ttl, err)
 	}
+	// Then tidy what the session knows it held, so the next acquisition of
+	// those names takes the cheap path; best effort, nothing depends on it.
+	for _, o := range s.knownHolds() {
+		if o.ticket {
+			_, err = s.removeTicket(ctx, o.name, o.token)
+		} else {
+			_, err = s.releaseRow(ctx, o.name, o.token)
+		}
+		if err != nil {
+			break
+		}
+	}
 	return nil
+}
+
+// knownHolds lists the lock rows and tickets the session holds or may hold:
+// its holds and its orphans.
+func (s *Session) knownHolds() []orphan {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	holds := append([]orphan(nil), s.orphans...)
+	for name, e := range s.locks.entries {
+		e.state.mu.Lock()
+		if e.state.held {
+			holds = append(holds, orphan{name: name, token: e.state.token})
+		}
+		e.state.mu.Unlock()
+	}
+	for name, e := range s.queues.entries {
+		e.state.mu.Lock()
+		if e.state.held {
+			holds = append(holds, orphan{name: name, token: e.state.token, ticket: true})
+		}
+		for _, r := range e.state.reads {
+			holds = append(holds, orphan{name: name, token: r.token, ticket: true})
+		}
+		e.state.mu.Unlock()
+	}
+	return holds
 }
 
 // nextToken returns a token for a new acquisition, unique in this session.
