@@ -45,12 +45,6 @@ var (
 	ErrNotObtained = errors.New("dsync: lock not obtained")
 )
 
-// isMySQLError reports whether err is a server error with the given number.
-func isMySQLError(err error, number uint16) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == number
-}
-
 // retryable reports whether a failed lock statement may simply be tried
 // again: a deadlock (1213) rolled it back, a lock wait timeout (1205) ran
 // out behind another statement, or the connection failed (the session's

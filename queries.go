@@ -219,7 +219,7 @@ const (
 type queries struct {
 	createLease, createLock, createQueue, createTicket string
 	leaseInsert, leaseDelete, leasePurge, ticketPurge  string
-	queueCreate, ticketConflicts                       string
+	queueCreate                                        string
 	prepared                                           [numStmts]string // indexed by stmtIndex
 }
 
