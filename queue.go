@@ -106,7 +106,7 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		})
 		switch {
 		case err != nil && !connpool.Reusable(err):
-			s.undoTicket(name, token)
+			s.undo(orphan{name: name, token: token, ticket: true})
 			return 0, err
 		case err != nil && retryable(err) && ctx.Err() == nil && attempt < 10:
 			continue
@@ -302,36 +302,12 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 // deleteTicket removes the ticket of token, with ctx's values but not its
 // cancellation; if that fails the keep-alive goroutine retries it.
 func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
-	ctx = context.WithoutCancel(ctx)
-	_, err := s.removeTicket(ctx, name, token)
+	o := orphan{name: name, token: token, ticket: true}
+	_, err := s.free(context.WithoutCancel(ctx), o)
 	if err != nil {
-		s.addOrphan(orphan{name: name, token: token, ticket: true})
+		s.addOrphan(o)
 	}
 	return err
-}
-
-// undoTicket removes a ticket whose insert had an unknown outcome; as for
-// undoAcquire, unless it found the ticket the keep-alive keeps trying.
-func (s *Session) undoTicket(name string, token int64) {
-	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
-	defer cancel()
-	if removed, err := s.removeTicket(ctx, name, token); err != nil || !removed {
-		s.addOrphan(orphan{name: name, token: token, ticket: true})
-	}
-}
-
-// removeTicket runs qTicketDelete and reports whether a ticket was removed.
-func (s *Session) removeTicket(ctx context.Context, name string, token int64) (bool, error) {
-	var n int64
-	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sTicketDelete)).ExecContext(ctx, name, s.id, token)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
-	})
-	return n > 0, err
 }
 
 // queued is what FairMutex and RWMutex have in common: a name in the

@@ -338,13 +338,7 @@ func (s *Session) freeOrphans(until time.Time) {
 	var keep []orphan
 	for i, o := range todo {
 		ctx, cancel := context.WithDeadline(s.stopped, until)
-		var freed bool
-		var err error
-		if o.ticket {
-			freed, err = s.removeTicket(ctx, o.name, o.token)
-		} else {
-			freed, err = s.releaseRow(ctx, o.name, o.token)
-		}
+		freed, err := s.free(ctx, o)
 		cancel()
 		if err != nil {
 			keep = append(keep, todo[i:]...)
@@ -393,12 +387,7 @@ func (s *Session) Close() error {
 	// Then tidy what the session knows it held, so the next acquisition of
 	// those names takes the cheap path; best effort, nothing depends on it.
 	for _, o := range s.knownHolds() {
-		if o.ticket {
-			_, err = s.removeTicket(ctx, o.name, o.token)
-		} else {
-			_, err = s.releaseRow(ctx, o.name, o.token)
-		}
-		if err != nil {
+		if _, err := s.free(ctx, o); err != nil {
 			break
 		}
 	}
@@ -453,7 +442,7 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 		}
 		if err != nil {
 			if !connpool.Reusable(err) {
-				s.undoAcquire(name, token)
+				s.undo(orphan{name: name, token: token})
 			}
 			return err
 		}
@@ -463,25 +452,40 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 	return fence, err
 }
 
-// undoAcquire frees a row an acquisition with token may have taken. The
-// statement may still be on its way to the server, or waiting there, when
-// the client gave up on it (the driver does not cancel it there): unless the
-// undo found and freed the row, the keep-alive goroutine keeps trying for
-// orphanWindow.
-func (s *Session) undoAcquire(name string, token int64) {
+// undo frees a lock row or ticket that an acquisition or enqueue whose
+// outcome is unknown may have created. The statement may still be on its
+// way to the server, or waiting there, when the client gave up on it (the
+// driver does not cancel it there): unless the undo found and freed it, the
+// keep-alive goroutine keeps trying for orphanWindow.
+func (s *Session) undo(o orphan) {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 	defer cancel()
-	if freed, err := s.releaseRow(ctx, name, token); err != nil || !freed {
-		s.addOrphan(orphan{name: name, token: token})
+	if freed, err := s.free(ctx, o); err != nil || !freed {
+		s.addOrphan(o)
 	}
+}
+
+// free releases the lock row or removes the ticket o names, if this
+// session's acquisition o.token still has it, and reports whether it did.
+func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
+	if o.ticket {
+		return s.execChanged(ctx, sTicketDelete, o.name, s.id, o.token)
+	}
+	return s.execChanged(ctx, sLockRelease, o.name, s.id, o.token)
 }
 
 // releaseRow frees the row for name if this acquisition (token) holds it,
 // and reports whether it did.
 func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
+	return s.free(ctx, orphan{name: name, token: token})
+}
+
+// execChanged runs a prepared statement and reports whether it changed a
+// row.
+func (s *Session) execChanged(ctx context.Context, stmt stmtIndex, args ...any) (bool, error) {
 	var n int64
 	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sLockRelease)).ExecContext(ctx, name, s.id, token)
+		res, err := c.Stmt(int(stmt)).ExecContext(ctx, args...)
 		if err != nil {
 			return err
 		}
