@@ -363,22 +363,33 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 	}
 	lq.mu.Unlock()
 
-	if !wait {
-		// TryLock: only when nobody holds it and nobody is queued.
-		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeExclusive); err != nil || n > 0 {
-			q.s.queues.unref(q.name)
-			return false, q.wrap("lock", err)
-		}
-	}
-	w, fence, err := q.s.acquireTicket(ctx, q.name, lq, modeExclusive, wait)
-	if err != nil || w == nil {
-		q.s.queues.unref(q.name)
-		return false, q.wrap("lock", err)
+	w, fence, err := q.join(ctx, lq, modeExclusive, wait, "lock")
+	if w == nil {
+		return false, err
 	}
 	lq.mu.Lock()
 	lq.take(owner, fence, w.token)
 	lq.mu.Unlock()
 	return true, nil // the reference now belongs to the hold
+}
+
+// join takes a ticket in mode and waits for its turn. Without wait (TryLock,
+// TryRLock) it first makes sure nothing in the line conflicts, so that it
+// never jumps the line. When it returns no waiter it has dropped the
+// caller's reference to lq.
+func (q *queued) join(ctx context.Context, lq *localQueue, mode int, wait bool, op string) (*waiter, int64, error) {
+	if !wait {
+		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, mode); err != nil || n > 0 {
+			q.s.queues.unref(q.name)
+			return nil, 0, q.wrap(op, err)
+		}
+	}
+	w, fence, err := q.s.acquireTicket(ctx, q.name, lq, mode, wait)
+	if err != nil || w == nil {
+		q.s.queues.unref(q.name)
+		return nil, 0, q.wrap(op, err)
+	}
+	return w, fence, nil
 }
 
 // unlock releases one exclusive hold.

@@ -106,15 +106,10 @@ func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
 			q.s.queues.unref(q.name)
 			return false, nil
 		}
-		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, modeShared); err != nil || n > 0 {
-			q.s.queues.unref(q.name)
-			return false, q.wrap("rlock", err)
-		}
 	}
-	w, _, err := q.s.acquireTicket(ctx, q.name, lq, modeShared, wait)
-	if err != nil || w == nil {
-		q.s.queues.unref(q.name)
-		return false, q.wrap("rlock", err)
+	w, _, err := q.join(ctx, lq, modeShared, wait, "rlock")
+	if w == nil {
+		return false, err
 	}
 	lq.mu.Lock()
 	lq.reads = append(lq.reads, &readHold{ticket: w.ticket, token: w.token, count: 1})
