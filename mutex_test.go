@@ -272,41 +272,65 @@ func TestLockNamesAreExactBytes(t *testing.T) {
 	}
 }
 
+// fencedLock is what the cancellation test needs of a Mutex or FairMutex.
+type fencedLock interface {
+	Lock(context.Context) error
+	Unlock(context.Context) error
+	Fence() int64
+}
+
 // TestLockCancelledMidAcquire cancels Lock at random moments, many of them
-// while the acquire statement is on the wire. Whatever happened, a failed
-// Lock must leave the lock free for others.
+// while a statement is on the wire. Whatever happened, a failed Lock must
+// hold nothing and leave nothing behind for good: another session gets the
+// lock.
 func TestLockCancelledMidAcquire(t *testing.T) {
-	bg := context.Background()
-	name := lockName(t)
-	s := newSession(t, dsync.WithTTL(time.Second))
-	m := dsync.NewMutex(s, name)
-	failed := 0
-	for i := 0; i < 200; i++ {
-		ctx, cancel := context.WithTimeout(bg, time.Duration(i%40)*25*time.Microsecond)
-		err := m.Lock(ctx)
-		cancel()
-		if err == nil {
-			mustUnlock(t, m, bg)
-			continue
-		}
-		failed++
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Lock: got %v; want DeadlineExceeded", err)
-		}
-		if f := m.Fence(); f != 0 {
-			t.Fatalf("Fence after failed Lock: got %d; want 0", f)
-		}
+	tests := []struct {
+		name string
+		step time.Duration // deadlines are 0, step, 2*step, ... 39*step
+		new  func(*dsync.Session, string) fencedLock
+	}{
+		{"Mutex", 25 * time.Microsecond, func(s *dsync.Session, n string) fencedLock { return dsync.NewMutex(s, n) }},
+		{"FairMutex", 40 * time.Microsecond, func(s *dsync.Session, n string) fencedLock { return dsync.NewFairMutex(s, n) }},
 	}
-	t.Logf("%d of 200 Lock calls ended by their deadline", failed)
-	if failed == 0 {
-		t.Fatal("no Lock call was cancelled; the test proves nothing")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bg := context.Background()
+			name := lockName(t)
+			m := tt.new(newSession(t, dsync.WithTTL(time.Second)), name)
+			failed := 0
+			for i := 0; i < 200; i++ {
+				ctx, cancel := context.WithTimeout(bg, time.Duration(i%40)*tt.step)
+				err := m.Lock(ctx)
+				cancel()
+				if err == nil {
+					if err := m.Unlock(bg); err != nil {
+						t.Fatalf("Unlock: %v", err)
+					}
+					continue
+				}
+				failed++
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Lock: got %v; want DeadlineExceeded", err)
+				}
+				if f := m.Fence(); f != 0 {
+					t.Fatalf("Fence after failed Lock: got %d; want 0", f)
+				}
+			}
+			t.Logf("%d of 200 Lock calls ended by their deadline", failed)
+			if failed == 0 {
+				t.Fatal("no Lock call was cancelled; the test proves nothing")
+			}
+			ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+			defer cancel()
+			other := tt.new(newSession(t), name)
+			if err := other.Lock(ctx); err != nil {
+				t.Fatalf("Lock by another session: %v", err)
+			}
+			if err := other.Unlock(bg); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
-	// Another session gets the lock: nothing was left held for good.
-	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
-	defer cancel()
-	other := dsync.NewMutex(newSession(t), name)
-	mustLock(t, other, ctx)
-	mustUnlock(t, other, bg)
 }
 
 func TestCloseReleasesLocks(t *testing.T) {
