@@ -137,29 +137,30 @@ func runChild(role string) int {
 	return 0
 }
 
-func childSession(c childConfig) (*sql.DB, *dsync.Session, error) {
-	db, err := sql.Open("mysql", c.DSN)
+// childSession opens the child's database and session; closeAll closes
+// both.
+func childSession(c childConfig) (db *sql.DB, s *dsync.Session, closeAll func(), err error) {
+	db, err = sql.Open("mysql", c.DSN)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	s, err := dsync.NewSession(context.Background(), db, dsync.WithTTL(c.TTL))
+	s, err = dsync.NewSession(context.Background(), db, dsync.WithTTL(c.TTL))
 	if err != nil {
 		db.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return db, s, nil
+	return db, s, func() { s.Close(); db.Close() }, nil
 }
 
 // childCounter increments the counter row of c.Table by read-modify-write
 // under the lock, from c.Goroutines goroutines, and logs each increment with
 // its fence.
 func childCounter(c childConfig) error {
-	db, s, err := childSession(c)
+	db, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	defer s.Close()
+	defer closeAll()
 	m := dsync.NewMutex(s, c.Name)
 	ctx := context.Background()
 	return inParallel(c.Goroutines, c.Iterations, func() error { return increment(ctx, db, m, c.Table) })
@@ -204,12 +205,11 @@ func increment(ctx context.Context, db *sql.DB, m *dsync.Mutex, table string) er
 
 // childHold takes the lock, says "locked" and waits to be killed.
 func childHold(c childConfig) error {
-	db, s, err := childSession(c)
+	_, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	defer s.Close()
+	defer closeAll()
 	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
 		return err
 	}
@@ -221,12 +221,11 @@ func childHold(c childConfig) error {
 // childChurn says "ready", waits for a line on stdin, then locks and
 // unlocks c.Iterations times from c.Goroutines goroutines.
 func childChurn(c childConfig) error {
-	db, s, err := childSession(c)
+	_, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	defer s.Close()
+	defer closeAll()
 	m := dsync.NewMutex(s, c.Name)
 	fmt.Println("ready")
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {

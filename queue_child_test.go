@@ -24,12 +24,11 @@ import (
 //	cancel N           cancel N's wait; N says "cancelled N"
 //	pass N             lock, log N, unlock at once; say "done N"
 func childDriver(c childConfig) error {
-	db, s, err := childSession(c)
+	db, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	defer s.Close()
+	defer closeAll()
 	var out sync.Mutex
 	say := func(format string, args ...any) {
 		out.Lock()
@@ -216,12 +215,11 @@ func readLog(t *testing.T, db *sql.DB, table string) []string {
 // under the RWMutex, checking in c.Table that no reader overlaps a writer
 // and no two writers overlap. Reads are four in five.
 func childRWCheck(c childConfig) error {
-	db, s, err := childSession(c)
+	db, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	defer s.Close()
+	defer closeAll()
 	rw := dsync.NewRWMutex(s, c.Name)
 	ctx := context.Background()
 	return inParallel(c.Goroutines, c.Iterations, func() error {
