@@ -39,6 +39,12 @@ var (
 	// name: waiting would deadlock, as the read lock could never be released.
 	ErrLockUpgrade = errors.New("dsync: cannot upgrade a read lock to a write lock")
 
+	// ErrLockDowngrade is returned by RWMutex.RLock (and TryRLock) whose
+	// owner holds the write lock of the name: waiting would deadlock, as the
+	// write lock could never be released. Unlock first, or use the write
+	// hold for reading.
+	ErrLockDowngrade = errors.New("dsync: cannot take a read lock while holding the write lock")
+
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
 	// became free.

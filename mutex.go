@@ -67,7 +67,8 @@ func (m *Mutex) Fence() int64 {
 // first; [ErrSessionExpired] or [ErrSessionClosed] when the session ended;
 // [ErrInvalidName]; [ErrNotObtained] when the back-off policy gave up; or a
 // database error. On error the lock is not held: an acquisition that reached
-// the database just as ctx ended is undone.
+// the database just as ctx or the session ended is undone (in the
+// background when ctx has ended, so Lock returns promptly).
 func (m *Mutex) Lock(ctx context.Context) error {
 	_, err := m.lock(ctx, true)
 	return err
@@ -106,6 +107,15 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 		return false, err
 	}
 	fence, token, err := m.acquire(ctx, wait)
+	if err == nil && fence > 0 {
+		// The row is taken, but the session may have ended while the
+		// statement ran (Close, or a lease lost to a slow database): then
+		// the row names a lease that is ending or gone, another session may
+		// take it at once, and the lock must not be reported held.
+		if err = m.s.Err(); err != nil {
+			m.s.undo(ctx, orphan{name: m.name, token: token})
+		}
+	}
 	if err != nil || fence == 0 {
 		l.leave()
 		m.s.locks.unref(m.name)

@@ -194,11 +194,8 @@ func TestAcquireStatementCases(t *testing.T) {
 		}
 		return r
 	}
-	res, err := db.Exec("INSERT INTO dsync_lease (label, created_at, expires_at) VALUES ('dead', NOW(6), NOW(6) - INTERVAL 1 SECOND)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead, _ := res.LastInsertId()
+	const dead = 1<<40 + 1
+	exec("INSERT INTO dsync_lease (id, label, created_at, expires_at) VALUES (?, 'dead', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 SECOND)", dead)
 
 	tests := []struct {
 		name   string
@@ -222,6 +219,10 @@ func TestAcquireStatementCases(t *testing.T) {
 				exec("INSERT INTO dsync_lock (name, holder, token, fence) VALUES (?, ?, ?, ?)", name, tt.holder, oldToken, oldFence)
 			}
 			m := dsync.NewMutex(s, name)
+			var seed int64 // a new row's fence is at least the server's UTC clock in µs
+			if err := db.QueryRow("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))").Scan(&seed); err != nil {
+				t.Fatal(err)
+			}
 			ok, err := m.TryLock(bg)
 			if ok != tt.want || err != nil {
 				t.Fatalf("TryLock: got %v, %v; want %v, nil", ok, err, tt.want)
@@ -229,8 +230,8 @@ func TestAcquireStatementCases(t *testing.T) {
 			got := read(name)
 			switch {
 			case tt.want && tt.holder < 0:
-				if got.holder != s.ID() || got.fence != 1 || m.Fence() != 1 {
-					t.Fatalf("row %+v, Fence %d; want holder %d, fence 1", got, m.Fence(), s.ID())
+				if got.holder != s.ID() || got.fence < seed || m.Fence() != got.fence {
+					t.Fatalf("row %+v, Fence %d; want holder %d, fence ≥ %d (the clock seed)", got, m.Fence(), s.ID(), seed)
 				}
 			case tt.want:
 				if got.holder != s.ID() || got.fence != oldFence+1 || m.Fence() != oldFence+1 || got.token == oldToken {

@@ -10,13 +10,20 @@ import "strings"
 // (an empty prefix leaves the reserved word lock). No other text from
 // outside ever reaches SQL: every value is a statement argument.
 
-// Schema. Lock rows are never deleted, so a name's fence never goes back.
+// Schema. Every time is the server's clock in UTC (UTC_TIMESTAMP(6)), never
+// NOW(), which follows each connection's time_zone and jumps at daylight
+// saving changes. A name's fence never goes back: lock and queue rows are
+// never deleted by dsync, and a row created anew (after an operator deleted
+// one) starts from the server's UTC clock in microseconds (qFenceSeed),
+// above every fence an earlier row of the name can have reached.
 const (
 	// qCreateLease creates the lease table: one row per live Session.
-	// expires_at is on the server's clock; a lease is live while
-	// expires_at > NOW(6).
+	// expires_at is on the server's UTC clock; a lease is live while
+	// expires_at > UTC_TIMESTAMP(6). id is chosen at random by the session
+	// (never AUTO_INCREMENT, which can go back and hand a new session the id
+	// of a crashed one, with its stranded locks).
 	qCreateLease = `CREATE TABLE IF NOT EXISTS {lease} (
-  id         BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  id         BIGINT       NOT NULL PRIMARY KEY,
   label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
   created_at DATETIME(6)  NOT NULL,
   expires_at DATETIME(6)  NOT NULL,
@@ -68,24 +75,48 @@ const (
 ) ENGINE=InnoDB`
 )
 
-// Connection setup, run once on every connection the session uses.
+// qFenceSeed is the first fence of a row created anew: the server's UTC
+// clock in microseconds since 1970. A name's earlier row, if an operator
+// deleted one, was seeded the same way and then gained one per acquisition,
+// far fewer than one per microsecond, so the new row's fences are above all
+// of its fences (unless the server's clock stepped back by more than the
+// time since then). It is an expression, spliced into statements below.
+const qFenceSeed = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+
+// Connection setup, run once on every connection the session uses, so that
+// no DSN setting changes what a statement means: autocommit on (each lock
+// statement is its own transaction), the UTC time zone (belt and braces:
+// every statement uses UTC_TIMESTAMP anyway), an sql_mode without MariaDB's
+// SIMULTANEOUS_ASSIGNMENT (the statements below rely on assignments running
+// left to right) and READ COMMITTED (no gap locks, and subqueries of
+// writes read without locking, so they never block a lease renewal). Such a
+// connection is never handed back to the caller's pool (see connpool).
 const (
-	// qReadCommitted keeps lock statements free of gap locks.
+	qSetSession = `SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION',
+  SESSION time_zone = '+00:00', SESSION autocommit = 1`
 	qReadCommitted = `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`
 )
 
+// qTablesPresent lists which of the four tables exist, so that NewSession
+// runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
+// that exists is still DDL: it takes metadata locks and, on Galera, is
+// replicated cluster-wide). Args: the four table names.
+const qTablesPresent = `SELECT TABLE_NAME FROM information_schema.TABLES
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?)`
+
 // Lease statements.
 const (
-	// qLeaseInsert creates the session's lease.
-	// Args: label, ttl in microseconds. LastInsertId: the lease id.
-	qLeaseInsert = `INSERT INTO {lease} (label, created_at, expires_at)
-VALUES (?, NOW(6), NOW(6) + INTERVAL ? MICROSECOND)`
+	// qLeaseInsert creates the session's lease. Args: lease id (random,
+	// positive), label, ttl in microseconds. Error 1062: the id is taken;
+	// draw another.
+	qLeaseInsert = `INSERT INTO {lease} (id, label, created_at, expires_at)
+VALUES (?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
 
 	// qLeaseRenew extends a lease that has not yet ended.
 	// Args: ttl in microseconds, lease id. RowsAffected 0: the lease had
 	// already ended (or was deleted) on the server; it is lost for good.
-	qLeaseRenew = `UPDATE {lease} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
-WHERE id = ? AND expires_at > NOW(6)`
+	qLeaseRenew = `UPDATE {lease} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 
 	// qLeaseDelete removes the session's lease; any lock row still naming it
 	// is free from then on. Args: lease id.
@@ -94,7 +125,8 @@ WHERE id = ? AND expires_at > NOW(6)`
 	// qLeasePurge deletes leases that ended over an hour ago (crashed
 	// sessions), so the table does not grow without bound. A lock row naming
 	// a missing lease is free, exactly as one naming an ended lease.
-	qLeasePurge = `DELETE FROM {lease} WHERE expires_at < NOW(6) - INTERVAL 1 HOUR LIMIT 1000`
+	// It runs in the background, at READ COMMITTED, never in NewSession.
+	qLeasePurge = `DELETE FROM {lease} WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL 1 HOUR LIMIT 1000`
 )
 
 // Lock statements.
@@ -120,7 +152,7 @@ WHERE name = ? AND holder = 0`
 	// overwrite a later acquisition's token. The session frees such late
 	// rows in the background (see orphan in session.go).
 	//
-	// A new row is inserted held, with fence 1. For an existing row the
+	// A new row is inserted held, with the fence qFenceSeed. For an existing row the
 	// ON DUPLICATE KEY UPDATE assignments run left to right, each seeing the
 	// ones before it, so the free/held decision is made exactly once, by the
 	// first: it marks the row taken by writing -leaseID into holder (lease ids
@@ -129,10 +161,10 @@ WHERE name = ? AND holder = 0`
 	// lease id. LAST_INSERT_ID(expr) hands the fence back in the OK packet;
 	// the not-taken branch sets it to 0 so no earlier statement's value leaks.
 	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence)
-VALUES (?, ?, ?, LAST_INSERT_ID(1))
+VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
 ON DUPLICATE KEY UPDATE
   holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
-                          WHERE l.id = {lock}.holder AND l.expires_at > NOW(6)),
+                          WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   token = IF(holder < 0, ?, token),
@@ -148,9 +180,9 @@ WHERE name = ? AND holder = ? AND token = ?`
 
 // Queued lock statements.
 const (
-	// qQueueCreate makes sure the per-name row of a queued lock exists.
-	// Args: name.
-	qQueueCreate = `INSERT IGNORE INTO {queue} (name) VALUES (?)`
+	// qQueueCreate makes sure the per-name row of a queued lock exists,
+	// seeding its fence with qFenceSeed. Args: name.
+	qQueueCreate = `INSERT IGNORE INTO {queue} (name, fence) VALUES (?, ` + qFenceSeed + `)`
 
 	// qTicketInsert enqueues a waiter, holding the per-name row locked while
 	// it inserts: a ticket is therefore committed before any later ticket of
@@ -165,12 +197,13 @@ SELECT ?, ?, ?, ? FROM {queue} WHERE name = ? FOR UPDATE`
 	// takes the next fence when it does. Args: name, ticket, mode, name.
 	// LastInsertId: the new fence when the ticket holds the lock; else
 	// aheadBase plus the number of live tickets before it that conflict
-	// with it (its place in the line). Assignments run left to right: ahead
+	// with it (its place in the line). 0 (no row matched): the per-name row
+	// is missing (an operator deleted it); run qQueueCreate, then again. Assignments run left to right: ahead
 	// is computed once and read by the fence assignment. A check that is not
 	// at the head and whose place did not change writes nothing.
 	qTicketCheck = `UPDATE {queue} SET
   ahead = (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-           WHERE t.name = ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)),
+           WHERE t.name = ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)),
   fence = IF(ahead = 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(ahead + 4611686018427387904))
 WHERE name = ?`
 
@@ -188,7 +221,7 @@ WHERE name = ?`
 	// count the whole line; a reader joining a hold of its process counts
 	// the writers queued after that hold.
 	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > NOW(6)`
+WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
 
 	// qTicketPurge removes tickets whose lease row is gone (crashed
 	// sessions, purged by qLeasePurge). They are skipped anyway; this only
@@ -212,31 +245,27 @@ const (
 	sTicketCheck
 	sTicketDelete
 	sTicketConflicts
+	sLeaseInsert
+	sLeaseDelete
+	sQueueCreate
+	sLeasePurge
+	sTicketPurge
 	numStmts
 )
 
 // queries holds the statements of one table prefix.
 type queries struct {
-	createLease, createLock, createQueue, createTicket string
-	leaseInsert, leaseDelete, leasePurge, ticketPurge  string
-	queueCreate                                        string
-	prepared                                           [numStmts]string // indexed by stmtIndex
+	tables   [4]string        // lease, lock, queue and ticket table names, unquoted
+	creates  [4]string        // their CREATE TABLE statements, in the same order
+	prepared [numStmts]string // indexed by stmtIndex
 }
 
 func newQueries(prefix string) *queries {
 	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
 		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`")
 	q := &queries{
-		createLease: r.Replace(qCreateLease),
-		createLock:  r.Replace(qCreateLock),
-		leaseInsert: r.Replace(qLeaseInsert),
-		leaseDelete: r.Replace(qLeaseDelete),
-		leasePurge:  r.Replace(qLeasePurge),
-
-		createQueue:  r.Replace(qCreateQueue),
-		createTicket: r.Replace(qCreateTicket),
-		ticketPurge:  r.Replace(qTicketPurge),
-		queueCreate:  r.Replace(qQueueCreate),
+		tables:  [4]string{prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket"},
+		creates: [4]string{r.Replace(qCreateLease), r.Replace(qCreateLock), r.Replace(qCreateQueue), r.Replace(qCreateTicket)},
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
@@ -246,5 +275,10 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketCheck] = r.Replace(qTicketCheck)
 	q.prepared[sTicketDelete] = r.Replace(qTicketDelete)
 	q.prepared[sTicketConflicts] = r.Replace(qTicketConflicts)
+	q.prepared[sLeaseInsert] = r.Replace(qLeaseInsert)
+	q.prepared[sLeaseDelete] = r.Replace(qLeaseDelete)
+	q.prepared[sQueueCreate] = r.Replace(qQueueCreate)
+	q.prepared[sLeasePurge] = r.Replace(qLeasePurge)
+	q.prepared[sTicketPurge] = r.Replace(qTicketPurge)
 	return q
 }

@@ -93,35 +93,24 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing. After an error whose outcome is unknown it removes the ticket.
 func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
-	created := false
-	for attempt := 0; ; attempt++ {
-		var ticket int64
-		err := s.withConn(ctx, func(c *connpool.Conn) error {
-			res, err := c.Stmt(int(sTicketInsert)).ExecContext(ctx, name, s.id, token, mode, name)
-			if err != nil {
-				return err
+	for created := false; ; created = true {
+		res, err := s.exec(ctx, sTicketInsert, name, s.id, token, mode, name)
+		if err != nil {
+			if !connpool.Reusable(err) || ctx.Err() != nil {
+				s.undo(ctx, orphan{name: name, token: token, ticket: true})
 			}
-			ticket, err = res.LastInsertId()
-			return err
-		})
-		switch {
-		case err != nil && !connpool.Reusable(err):
-			s.undo(orphan{name: name, token: token, ticket: true})
 			return 0, err
-		case err != nil && retryable(err) && ctx.Err() == nil && attempt < 10:
-			continue
+		}
+		ticket, err := res.LastInsertId()
+		switch {
 		case err != nil:
 			return 0, err
 		case ticket > 0:
 			return ticket, nil
 		case created:
-			return 0, errors.New("queue row vanished")
+			return 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
 		}
-		created = true
-		if err := s.withConn(ctx, func(c *connpool.Conn) error {
-			_, err := c.ExecContext(ctx, s.q.queueCreate, name)
-			return err
-		}); err != nil {
+		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
 			return 0, err
 		}
 	}
@@ -131,38 +120,46 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 // qTicketCheck, which also takes the fence, for a shared one by counting the
 // writers ahead (readers have no fence, so their check writes nothing). It
 // returns the number of conflicting live tickets ahead, and the fence when
-// that is 0 and the ticket is exclusive.
+// that is 0 and the ticket is exclusive. A missing per-name row (an
+// operator deleted it) is created again, its fence seeded above every
+// earlier one (see qFenceSeed).
 func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (ahead, fence int64, err error) {
 	if w.mode == modeShared {
 		ahead, err = s.conflicts(ctx, name, 0, w.ticket, modeShared)
 		return ahead, 0, err
 	}
-	var r int64
-	err = s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sTicketCheck)).ExecContext(ctx, name, w.ticket, w.mode, name)
+	for created := false; ; created = true {
+		res, err := s.exec(ctx, sTicketCheck, name, w.ticket, w.mode, name)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
-		r, err = res.LastInsertId()
-		return err
-	})
-	switch {
-	case err != nil:
-		return 0, 0, err
-	case r >= aheadBase:
-		return r - aheadBase, 0, nil
-	case r == 0:
-		return 0, 0, errors.New("queue check returned no result")
+		r, err := res.LastInsertId()
+		switch {
+		case err != nil:
+			return 0, 0, err
+		case r >= aheadBase:
+			return r - aheadBase, 0, nil
+		case r > 0:
+			return 0, r, nil
+		case created:
+			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
+		}
+		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+			return 0, 0, err
+		}
 	}
-	return 0, r, nil
 }
 
 // conflicts counts the live tickets of name between after and before
 // (exclusive) that a ticket in mode conflicts with.
 func (s *Session) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
 	var n int64
-	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		return c.Stmt(int(sTicketConflicts)).QueryRowContext(ctx, name, after, before, mode).Scan(&n)
+	err := s.withConn(ctx, false, func(c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(sTicketConflicts))
+		if err != nil {
+			return err
+		}
+		return st.QueryRowContext(ctx, name, after, before, mode).Scan(&n)
 	})
 	return n, err
 }
@@ -290,17 +287,23 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	}
 	fence, ok, err := s.awaitTurn(ctx, name, lq, w, wait)
 	lq.leaveLine(w)
-	if !ok {
-		// Removing the ticket may let the waiter behind this one go first.
-		s.deleteTicket(context.Background(), name, w.token)
-		lq.kickFront()
-		return nil, 0, err
+	if ok {
+		// The turn came, but the session may have ended meanwhile (Close,
+		// or a lease lost while the check ran): then the hold is worth
+		// nothing, and the lock must not be reported held.
+		if err = s.Err(); err == nil {
+			return w, fence, nil
+		}
 	}
-	return w, fence, nil
+	// Removing the ticket may let the waiter behind this one go first. When
+	// ctx has ended the reaper removes it, so the caller returns at once.
+	s.undo(ctx, orphan{name: name, token: w.token, ticket: true})
+	lq.kickFront()
+	return nil, 0, err
 }
 
 // deleteTicket removes the ticket of token, with ctx's values but not its
-// cancellation; if that fails the keep-alive goroutine retries it.
+// cancellation; if that fails the reaper goroutine retries it.
 func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
 	o := orphan{name: name, token: token, ticket: true}
 	_, err := s.free(context.WithoutCancel(ctx), o)

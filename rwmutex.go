@@ -26,7 +26,8 @@ import (
 // With an owner in ctx ([WithOwner]), read and write holds are reentrant
 // for that owner and only it may release them. A write Lock by an owner that
 // holds a read lock returns [ErrLockUpgrade] at once instead of
-// deadlocking. Without an owner, as with sync.RWMutex, any goroutine may
+// deadlocking, and so does an RLock by an owner that holds the write lock
+// ([ErrLockDowngrade]). Without an owner, as with sync.RWMutex, any goroutine may
 // release a hold, and a second RLock while a writer waits blocks.
 type RWMutex struct {
 	q queued
@@ -66,7 +67,8 @@ func (rw *RWMutex) Unlock(ctx context.Context) error {
 
 // RLock takes a read lock, blocking while a writer holds the lock or waits
 // ahead of this caller, until ctx ends or the session ends. Errors are as
-// for [Mutex.Lock]; on error the caller holds nothing.
+// for [Mutex.Lock], plus [ErrLockDowngrade] when ctx's owner holds the write
+// lock; on error the caller holds nothing.
 func (rw *RWMutex) RLock(ctx context.Context) error {
 	_, err := rw.q.rlock(ctx, true)
 	return err
@@ -93,6 +95,13 @@ func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
 	}
 	owner := ownerOf(ctx)
 	lq := q.s.queues.ref(q.name)
+	lq.mu.Lock()
+	writing := owner != 0 && lq.held && lq.owner == owner
+	lq.mu.Unlock()
+	if writing {
+		q.s.queues.unref(q.name)
+		return false, fmt.Errorf("dsync: rlock %q: %w", q.name, ErrLockDowngrade)
+	}
 	joined, err := q.joinRead(ctx, lq, owner)
 	if err != nil || joined {
 		q.s.queues.unref(q.name)

@@ -2,12 +2,15 @@ package dsync
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -24,7 +28,7 @@ const (
 	DefaultTTL         = 15 * time.Second // lease time to live, see WithTTL
 	DefaultTablePrefix = "dsync_"         // see WithTablePrefix
 	minTTL             = time.Second
-	maxIdleConns       = 4 // session connections kept open between statements
+	maxConns           = 4 // most connections the sessions of one *sql.DB keep
 )
 
 // options is the configuration of a Session, set by Options and validated
@@ -79,6 +83,7 @@ func defaultBackOff() backoff.BackOff {
 	b.RandomizationFactor = 0.5
 	b.MaxInterval = 100 * time.Millisecond
 	b.MaxElapsedTime = 0
+	b.Reset() // NewExponentialBackOff has reset itself with its own defaults
 	return b
 }
 
@@ -107,6 +112,19 @@ func (o *options) validate() error {
 // session is lost: [Session.Done] closes and [Session.Err] returns
 // [ErrSessionExpired], before any other session can take its locks. Every
 // later call then fails with ErrSessionExpired; make a new Session.
+//
+// # Connections
+//
+// The sessions of one *sql.DB (and table prefix) share a few connections of
+// that pool, which they keep: 4 when the pool has no limit
+// (SetMaxOpenConns), else a quarter of the limit, at least 1 and at most 4;
+// a limit of 1 leaves the caller nothing, and NewSession refuses it. One of
+// those connections, when there are two or more, serves lease renewals
+// only, and renewals go first, so lock traffic never delays a renewal. dsync
+// pins what its statements rely on (autocommit, isolation, time zone,
+// sql_mode) on these connections, whatever the DSN says, and so never hands
+// them back to the pool: it closes them when it is done with them (the last
+// session closed or lost, or a connection in an unknown state).
 type Session struct {
 	db     *sql.DB
 	opts   options
@@ -115,12 +133,22 @@ type Session struct {
 	id     int64 // lease id, the holder column of the lock rows it holds
 	logger *slog.Logger
 
+	// origin is a reading of the monotonic clock; deadline (nanoseconds
+	// after origin) is when the lease could end on the server, less the
+	// safety margin. Err reports the session lost from then on, even when
+	// the keep-alive goroutine has not run (a paused process).
+	origin   time.Time
+	deadline atomic.Int64
+
 	lastToken atomic.Int64  // last acquisition token handed out
 	acquiring atomic.Int64  // goroutines in a database acquisition (see localLock)
 	done      chan struct{} // closed when err is set
 	stop      context.CancelFunc
-	stopped   context.Context // ends when Close starts
+	stopped   context.Context // ends when Close starts or the session is lost
 	renewer   chan struct{}   // closed when the keep-alive goroutine returns
+	reaper    chan struct{}   // closed when the reaper goroutine returns
+	kick      chan struct{}   // a value: the reaper has orphans to free now
+	release   sync.Once       // releases the session's share of the pool
 
 	mu      sync.Mutex
 	err     error                // guarded by mu; nil while live
@@ -132,9 +160,10 @@ type Session struct {
 
 // orphan is a lock row or ticket that this session may hold without a local
 // holder: an acquire or enqueue whose outcome was unknown (the statement may
-// still land on the server after the client gave up on it), or a release
-// that failed. The keep-alive goroutine frees it, by its token, so a later
-// acquisition of the same name is never touched.
+// still land on the server after the client gave up on it), an acquisition
+// made as the session ended, or a release that failed. The reaper goroutine
+// frees it, by its token, so a later acquisition of the same name is never
+// touched.
 type orphan struct {
 	name   string // lock name
 	token  int64
@@ -148,9 +177,74 @@ type orphan struct {
 // default), and lands, if ever, within that time.
 const orphanWindow = time.Minute
 
+// purgeEvery is how often a session purges long-ended leases and their
+// tickets (housekeeping only: nothing depends on it).
+const purgeEvery = 10 * time.Minute
+
+// shared pools of session connections, one per *sql.DB and table prefix.
+var pools = struct {
+	sync.Mutex
+	m map[poolKey]*sharedPool
+}{m: make(map[poolKey]*sharedPool)}
+
+type poolKey struct {
+	db     *sql.DB
+	prefix string
+}
+
+type sharedPool struct {
+	pool *connpool.Pool
+	refs int // sessions using it; guarded by pools' mutex
+}
+
+// poolSize is how many connections the sessions of db keep (see Session).
+func poolSize(db *sql.DB) (int, error) {
+	limit := db.Stats().MaxOpenConnections
+	switch {
+	case limit == 0:
+		return maxConns, nil
+	case limit < 2:
+		return 0, fmt.Errorf("%w: the *sql.DB allows %d open connection(s); dsync keeps one of them, so allow at least 2 (SetMaxOpenConns)", ErrInvalidOption, limit)
+	}
+	return min(max(limit/4, 1), maxConns), nil
+}
+
+// acquirePool returns the shared pool of db and prefix, counting a user.
+func acquirePool(db *sql.DB, q *queries) (*connpool.Pool, error) {
+	size, err := poolSize(db)
+	if err != nil {
+		return nil, err
+	}
+	pools.Lock()
+	defer pools.Unlock()
+	k := poolKey{db, q.tables[0]}
+	sp := pools.m[k]
+	if sp == nil {
+		sp = &sharedPool{pool: connpool.New(db, size, []string{qSetSession, qReadCommitted}, q.prepared[:])}
+		pools.m[k] = sp
+	}
+	sp.refs++
+	return sp.pool, nil
+}
+
+// releasePool drops a user of a shared pool, closing it after the last.
+func releasePool(db *sql.DB, q *queries) {
+	pools.Lock()
+	defer pools.Unlock()
+	k := poolKey{db, q.tables[0]}
+	sp := pools.m[k]
+	if sp.refs--; sp.refs == 0 {
+		delete(pools.m, k)
+		sp.pool.Close()
+	}
+}
+
 // NewSession creates the tables if they are missing (safe when many
 // processes start at once), inserts a lease row for the session and starts
 // renewing it. ctx bounds only this setup. On error nothing is left running.
+// It returns an error wrapping [ErrInvalidOption] for a bad option, a nil
+// db, or a db whose connection limit leaves the caller nothing (see
+// [Session]).
 func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
@@ -173,36 +267,113 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		return nil, err
 	}
 	q := newQueries(o.prefix)
-	for _, stmt := range []string{q.createLease, q.createLock, q.createQueue, q.createTicket, q.leasePurge, q.ticketPurge} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			return nil, fmt.Errorf("dsync: prepare tables: %w", err)
-		}
+	pool, err := acquirePool(db, q)
+	if err != nil {
+		return nil, err
 	}
 	s := &Session{
 		db:      db,
 		opts:    o,
 		q:       q,
-		pool:    connpool.New(db, maxIdleConns, []string{qReadCommitted}, q.prepared[:]),
+		pool:    pool,
 		logger:  o.logger,
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
+		reaper:  make(chan struct{}),
+		kick:    make(chan struct{}, 1),
 	}
+	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
 	s.queues = newRegistry(&s.mu, func() *localQueue {
 		return &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
 	})
-	start := time.Now()
-	res, err := db.ExecContext(ctx, q.leaseInsert, o.label, o.ttl.Microseconds())
-	if err == nil {
-		s.id, err = res.LastInsertId()
+	if err := s.start(ctx); err != nil {
+		s.stop()
+		s.release.Do(func() { releasePool(db, q) })
+		return nil, err
 	}
-	if err != nil {
-		s.pool.Close()
-		return nil, fmt.Errorf("dsync: create lease: %w", err)
-	}
-	s.stopped, s.stop = context.WithCancel(context.Background())
-	go s.keepAlive(start)
+	go s.keepAlive()
+	go s.reap()
 	return s, nil
+}
+
+// start creates the missing tables and the lease, on one priority
+// connection, and sets the first deadline.
+func (s *Session) start(ctx context.Context) error {
+	return s.withConn(ctx, true, func(c *connpool.Conn) error {
+		if err := s.createTables(ctx, c); err != nil {
+			return fmt.Errorf("dsync: prepare tables: %w", err)
+		}
+		st, err := c.Stmt(ctx, s.pool, int(sLeaseInsert))
+		if err != nil {
+			return fmt.Errorf("dsync: create lease: %w", err)
+		}
+		for attempt := 0; ; attempt++ {
+			id, err := randomID()
+			if err != nil {
+				return fmt.Errorf("dsync: create lease: %w", err)
+			}
+			// The lease can end no earlier than TTL after the insert is
+			// sent: the clock starts now, not before the statement was
+			// prepared or the connection opened.
+			s.origin = time.Now()
+			_, err = st.ExecContext(ctx, id, s.opts.label, s.opts.ttl.Microseconds())
+			if err == nil {
+				s.id = id
+				s.deadline.Store(int64(s.opts.ttl - s.safetyMargin()))
+				return nil
+			}
+			if !isErrNo(err, 1062, 1213, 1205) || attempt == 9 || ctx.Err() != nil {
+				return fmt.Errorf("dsync: create lease: %w", err)
+			}
+		}
+	})
+}
+
+// createTables creates whichever of the tables are missing.
+func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
+	rows, err := c.QueryContext(ctx, qTablesPresent, s.q.tables[0], s.q.tables[1], s.q.tables[2], s.q.tables[3])
+	if err != nil {
+		return err
+	}
+	present := make(map[string]bool)
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return err
+		}
+		present[name] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i, table := range s.q.tables {
+		if present[table] {
+			continue
+		}
+		if _, err := c.ExecContext(ctx, s.q.creates[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// randomID returns a random positive lease id: ids never repeat in
+// practice, even after the lease table was emptied or restored.
+func randomID() (int64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	return int64(binary.BigEndian.Uint64(b[:])>>1) | 1, nil
+}
+
+// isErrNo reports whether err is a server error with one of the numbers.
+func isErrNo(err error, numbers ...uint16) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && slices.Contains(numbers, me.Number)
 }
 
 // ID returns the session's lease id, the value of the holder column of the
@@ -218,11 +389,24 @@ func (s *Session) TTL() time.Duration { return s.opts.ttl }
 func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Err returns nil while the session is live, [ErrSessionExpired] once its
-// lease was lost, and [ErrSessionClosed] after Close.
+// lease was lost, and [ErrSessionClosed] after Close. It checks the renewal
+// deadline itself: after the process was paused (SIGSTOP, a VM pause) past
+// it, Err reports the loss (and Done closes) even before the keep-alive
+// goroutine has run again.
 func (s *Session) Err() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
+	err := s.err
+	s.mu.Unlock()
+	if err == nil && s.pastDeadline() {
+		s.lose(errors.New("renewal deadline passed"))
+		return s.Err()
+	}
+	return err
+}
+
+// pastDeadline reports whether the lease could have ended on the server.
+func (s *Session) pastDeadline() bool {
+	return time.Since(s.origin) >= time.Duration(s.deadline.Load())
 }
 
 // end records why the session ended and closes Done; the first call wins.
@@ -247,10 +431,10 @@ func (s *Session) safetyMargin() time.Duration { return s.opts.ttl / 5 }
 // its clock after receiving it), so until t+TTL-margin no other session can
 // take this session's locks. Failed renewals are retried until that local
 // deadline; past it the session is lost.
-func (s *Session) keepAlive(lastSent time.Time) {
+func (s *Session) keepAlive() {
 	defer close(s.renewer)
 	ttl := s.opts.ttl
-	deadline := lastSent.Add(ttl - s.safetyMargin())
+	lastSent := s.origin
 	timer := time.NewTimer(ttl / 3)
 	defer timer.Stop()
 	for {
@@ -259,20 +443,19 @@ func (s *Session) keepAlive(lastSent time.Time) {
 			return
 		case <-timer.C:
 		}
-		sent := time.Now()
-		if !sent.Before(deadline) {
+		deadline := s.origin.Add(time.Duration(s.deadline.Load()))
+		if !time.Now().Before(deadline) {
 			s.lose(errors.New("renewal deadline passed"))
 			return
 		}
 		ctx, cancel := context.WithDeadline(s.stopped, deadline)
-		err := s.renew(ctx)
+		sent, err := s.renew(ctx)
 		cancel()
 		switch {
 		case err == nil:
-			deadline = sent.Add(ttl - s.safetyMargin())
-			next := sent.Add(ttl / 3)
-			s.freeOrphans(next)
-			timer.Reset(max(time.Until(next), 0))
+			lastSent = sent
+			s.deadline.Store(int64(sent.Sub(s.origin) + ttl - s.safetyMargin()))
+			timer.Reset(max(time.Until(lastSent.Add(ttl/3)), 0))
 		case errors.Is(err, errLeaseEnded):
 			s.lose(err)
 			return
@@ -288,56 +471,120 @@ func (s *Session) keepAlive(lastSent time.Time) {
 
 var errLeaseEnded = errors.New("lease ended on the server")
 
-func (s *Session) renew(ctx context.Context) error {
-	return s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(sLeaseRenew)).ExecContext(ctx, s.opts.ttl.Microseconds(), s.id)
+// renew extends the lease once, on a priority connection, and returns when
+// the renewal was sent: the lease lasts at least TTL from then.
+func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
+	err = s.withConn(ctx, true, func(c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(sLeaseRenew))
 		if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n == 0 {
-			return errLeaseEnded
+		for attempt := 0; ; attempt++ {
+			sent = time.Now()
+			res, err := st.ExecContext(ctx, s.opts.ttl.Microseconds(), s.id)
+			if isErrNo(err, 1213, 1205) && attempt < 10 && ctx.Err() == nil {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				return errLeaseEnded
+			}
+			return nil
 		}
-		return nil
 	})
+	return sent, err
 }
 
+// lose ends the session as lost: its lease may end on the server at any
+// moment, so nothing it holds is worth freeing, and its connections go.
 func (s *Session) lose(cause error) {
 	if s.end(ErrSessionExpired) {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "session", s.id, "cause", cause)
+		s.stop()
+		s.release.Do(func() { releasePool(s.db, s.q) })
 	}
 }
 
-// withConn runs f on one of the session's connections.
-func (s *Session) withConn(ctx context.Context, f func(*connpool.Conn) error) error {
-	c, err := s.pool.Get(ctx)
+// withConn runs f on one of the session's connections (priority: a lease
+// statement). A connection whose use ended with ctx done is discarded: the
+// driver may have closed it, or a statement may still be running on it.
+func (s *Session) withConn(ctx context.Context, priority bool, f func(*connpool.Conn) error) error {
+	c, err := s.pool.Get(ctx, priority)
 	if err != nil {
 		return err
 	}
 	err = f(c)
-	s.pool.Put(c, err)
+	if ctx.Err() != nil && err == nil {
+		s.pool.Put(c, ctx.Err())
+	} else {
+		s.pool.Put(c, err)
+	}
 	return err
 }
 
-// addOrphan records a lock row or ticket to free in the background.
+// addOrphan records a lock row or ticket to free in the background and
+// wakes the reaper.
 func (s *Session) addOrphan(o orphan) {
 	o.since = time.Now()
 	s.mu.Lock()
 	s.orphans = append(s.orphans, o)
 	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 }
 
-// freeOrphans tries once to free every orphaned row or ticket, giving up at
-// until, so that the next renewal is not delayed.
-func (s *Session) freeOrphans(until time.Time) {
+// reap frees orphans as soon as they are recorded (and retries every
+// TTL/3), and purges long-ended leases now and then. It runs beside the
+// keep-alive goroutine so that nothing it does can delay a renewal.
+func (s *Session) reap() {
+	defer close(s.reaper)
+	retry := time.NewTicker(s.opts.ttl / 3)
+	defer retry.Stop()
+	purge := time.NewTimer(time.Second)
+	defer purge.Stop()
+	for {
+		select {
+		case <-s.stopped.Done():
+			return
+		case <-s.kick:
+		case <-retry.C:
+		case <-purge.C:
+			s.purge()
+			purge.Reset(purgeEvery)
+			continue
+		}
+		s.freeOrphans()
+	}
+}
+
+// purge deletes leases that ended over an hour ago and tickets of deleted
+// leases; a failure is only logged.
+func (s *Session) purge() {
+	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+	defer cancel()
+	for _, st := range []stmtIndex{sLeasePurge, sTicketPurge} {
+		if _, err := s.exec(ctx, st); err != nil {
+			s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
+			return
+		}
+	}
+}
+
+// freeOrphans tries once to free every orphaned row or ticket.
+func (s *Session) freeOrphans() {
 	s.mu.Lock()
 	todo := s.orphans
 	s.orphans = nil
 	s.mu.Unlock()
 	var keep []orphan
 	for i, o := range todo {
-		ctx, cancel := context.WithDeadline(s.stopped, until)
+		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 		freed, err := s.free(ctx, o)
 		cancel()
 		if err != nil {
@@ -357,9 +604,10 @@ func (s *Session) freeOrphans(until time.Time) {
 
 // Close ends the session: Done closes, calls in progress and later return
 // [ErrSessionClosed], and the lease row is deleted, which frees every lock
-// the session holds at once. Close returns within about one TTL even when the database is
-// unreachable; the lease then simply ends on the server. Calling Close again
-// returns ErrSessionClosed.
+// the session holds at once. Close returns within about one TTL even when
+// the database is unreachable; the lease then simply ends on the server.
+// After the session was lost, Close only releases its connections. Calling
+// Close again returns ErrSessionClosed.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -368,20 +616,20 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.end(ErrSessionClosed)
+	lost := !s.end(ErrSessionClosed)
 	s.stop()
 	<-s.renewer
-	defer s.pool.Close()
+	<-s.reaper
+	defer s.release.Do(func() { releasePool(s.db, s.q) })
+	if lost {
+		return nil
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ttl)
 	defer cancel()
 	// Deleting the lease frees every lock row and ticket of the session at
 	// once: a holder whose lease row is gone holds nothing.
-	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		_, err := c.ExecContext(ctx, s.q.leaseDelete, s.id)
-		return err
-	})
-	if err != nil {
+	if _, err := s.exec(ctx, sLeaseDelete, s.id); err != nil {
 		return fmt.Errorf("dsync: close session %d (its lease ends on the server within %v): %w", s.id, s.opts.ttl, err)
 	}
 	// Then tidy what the session knows it held, so the next acquisition of
@@ -423,46 +671,81 @@ func (s *Session) knownHolds() []orphan {
 // nextToken returns a token for a new acquisition, unique in this session.
 func (s *Session) nextToken() int64 { return s.lastToken.Add(1) }
 
+// maxRetries bounds the immediate retries of a statement that a deadlock
+// (1213) or lock wait timeout (1205) rolled back.
+const maxRetries = 10
+
+// exec runs a prepared statement on a session connection. Every statement
+// dsync prepares is a single autocommit statement, so one that a deadlock
+// (1213) or a lock wait timeout (1205) rolled back may simply run again:
+// exec retries those, so they never reach a caller while a retry is safe.
+func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
+	var res sql.Result
+	err := s.withConn(ctx, false, func(c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(stmt))
+		if err != nil {
+			return err
+		}
+		for attempt := 0; ; attempt++ {
+			res, err = st.ExecContext(ctx, args...)
+			if !isErrNo(err, 1213, 1205) || attempt == maxRetries || ctx.Err() != nil {
+				return err
+			}
+		}
+	})
+	return res, err
+}
+
 // acquireRow makes one attempt to take the lock row for name, with the
 // cheap statement for a row that exists and is free when fast is set (a miss
 // then says nothing about the row), else with the statement that handles
 // every state of the row. It returns the new fence, or 0 when not taken.
 // Its outcome is unknown when the statement failed other than by a server
-// error (the connection broke, ctx ended): then it undoes the attempt before
-// returning the error, so that no row is left held without a holder.
+// error (the connection broke, ctx ended): then the attempt is undone
+// (see undo) before the error is returned, so that no row is left held
+// without a holder.
 func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast bool) (int64, error) {
-	var fence int64
-	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		var res sql.Result
-		var err error
-		if fast {
-			res, err = c.Stmt(int(sLockAcquireFast)).ExecContext(ctx, s.id, token, name)
-		} else {
-			res, err = c.Stmt(int(sLockAcquire)).ExecContext(ctx, name, s.id, token, -s.id, token, s.id)
+	var res sql.Result
+	var err error
+	if fast {
+		res, err = s.exec(ctx, sLockAcquireFast, s.id, token, name)
+	} else {
+		res, err = s.exec(ctx, sLockAcquire, name, s.id, token, -s.id, token, s.id)
+	}
+	if err != nil {
+		if !connpool.Reusable(err) || ctx.Err() != nil {
+			s.undo(ctx, orphan{name: name, token: token})
 		}
-		if err != nil {
-			if !connpool.Reusable(err) {
-				s.undo(orphan{name: name, token: token})
-			}
-			return err
-		}
-		fence, err = res.LastInsertId()
-		return err
-	})
-	return fence, err
+		return 0, err
+	}
+	return res.LastInsertId()
 }
 
 // undo frees a lock row or ticket that an acquisition or enqueue whose
-// outcome is unknown may have created. The statement may still be on its
-// way to the server, or waiting there, when the client gave up on it (the
-// driver does not cancel it there): unless the undo found and freed it, the
-// keep-alive goroutine keeps trying for orphanWindow.
-func (s *Session) undo(o orphan) {
-	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
-	defer cancel()
-	if freed, err := s.free(ctx, o); err != nil || !freed {
-		s.addOrphan(o)
+// outcome is unknown may have created, or that was taken as the session
+// ended. While ctx lasts it tries at once; else, or when that fails, it
+// leaves the work to the reaper goroutine, so the caller returns promptly
+// after its ctx ends. The statement may still be on its way to the server,
+// or waiting there, when the client gave up on it (the driver does not
+// cancel it there): unless the undo found and freed it, the reaper keeps
+// trying for orphanWindow.
+func (s *Session) undo(ctx context.Context, o orphan) {
+	if s.Err() != nil && !s.closing() {
+		return // lost: the lease ends on the server, and with it the hold
 	}
+	if ctx.Err() == nil {
+		if freed, err := s.free(ctx, o); err == nil && freed {
+			return
+		}
+	}
+	s.addOrphan(o)
+}
+
+// closing reports whether Close was called.
+func (s *Session) closing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // free releases the lock row or removes the ticket o names, if this
@@ -483,15 +766,11 @@ func (s *Session) releaseRow(ctx context.Context, name string, token int64) (boo
 // execChanged runs a prepared statement and reports whether it changed a
 // row.
 func (s *Session) execChanged(ctx context.Context, stmt stmtIndex, args ...any) (bool, error) {
-	var n int64
-	err := s.withConn(ctx, func(c *connpool.Conn) error {
-		res, err := c.Stmt(int(stmt)).ExecContext(ctx, args...)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
-	})
+	res, err := s.exec(ctx, stmt, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
 	return n > 0, err
 }
 

@@ -1,14 +1,26 @@
-// Package connpool keeps a few dedicated database connections, each set up
-// once (session variables) and holding its own prepared statements, so that
-// a prepared statement costs one round trip and runs under settings the
-// caller chose, whatever the DSN of the *sql.DB says.
+// Package connpool keeps a small, fixed maximum of dedicated database
+// connections taken from a caller's *sql.DB, each set up once (session
+// variables) and holding its own prepared statements, so that a prepared
+// statement costs one round trip and runs under settings the pool chose,
+// whatever the DSN of the *sql.DB says.
+//
+// A connection never goes back to the caller's pool carrying those
+// settings: when the pool is done with one (an error left it in an unknown
+// state, or the pool closed) it is discarded, not returned.
+//
+// Priority users (lease renewals) are served before others, and when the
+// pool may hold two or more connections, one of them is kept for priority
+// users alone, so a renewal never waits behind lock statements.
 package connpool
 
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -16,99 +28,252 @@ import (
 // Pool hands out set-up connections. It is safe for concurrent use.
 type Pool struct {
 	db      *sql.DB
-	setup   []string   // statements run once on each new connection
-	queries []string   // statements prepared on each new connection
-	idle    chan *Conn // connections ready for use
+	setup   []string // statements run once on each new connection
+	queries []string // statements prepared on a connection at first use
+	size    int      // most connections open at once, at least 1
 
-	mu     sync.Mutex
-	closed bool // guarded by mu; once true, Put closes what it is given
+	mu      sync.Mutex
+	idle    []*Conn   // guarded by mu; ready for use
+	open    int       // guarded by mu; connections open or being opened
+	normal  int       // guarded by mu; of those, in use by non-priority users
+	waiting []*waiter // guarded by mu; priority waiters first, each FIFO
+	closed  bool      // guarded by mu; once true, Put discards what it is given
+}
+
+// waiter is a Get blocked until a connection, or room to open one, is
+// handed to it on ch (nil: open one, the slot is counted already).
+type waiter struct {
+	priority bool
+	ch       chan *Conn
 }
 
 // Conn is one dedicated connection with its prepared statements. It is used
 // by one goroutine at a time, between Get and Put.
 type Conn struct {
-	conn  *sql.Conn
-	stmts []*sql.Stmt // indexed like Pool.queries
+	conn     *sql.Conn
+	stmts    []*sql.Stmt // indexed like Pool.queries; nil until first use
+	priority bool        // the current use is a priority one
 }
 
-// New returns a pool over db keeping at most maxIdle idle connections.
-func New(db *sql.DB, maxIdle int, setup, queries []string) *Pool {
-	return &Pool{db: db, setup: setup, queries: queries, idle: make(chan *Conn, maxIdle)}
+// New returns a pool over db that opens at most size connections (at least
+// 1). When size is 2 or more, non-priority users get at most size-1 of them.
+func New(db *sql.DB, size int, setup, queries []string) *Pool {
+	return &Pool{db: db, setup: setup, queries: queries, size: max(size, 1)}
 }
+
+// Size returns the most connections the pool opens at once.
+func (p *Pool) Size() int { return p.size }
 
 // ErrClosed is returned by Get after Close.
 var ErrClosed = errors.New("connpool: closed")
 
-// Get returns an idle connection, or opens and sets up a new one.
-func (p *Pool) Get(ctx context.Context) (*Conn, error) {
-	select {
-	case c := <-p.idle:
-		return c, nil
-	default:
+// normalCap is the most connections non-priority users may hold at once.
+func (p *Pool) normalCap() int {
+	if p.size == 1 {
+		return 1
 	}
+	return p.size - 1
+}
+
+// Get returns an idle connection, opens and sets up a new one when the pool
+// has room, or waits (priority users first) until one is put back or ctx
+// ends.
+func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
+	if p.closed {
+		p.mu.Unlock()
 		return nil, ErrClosed
 	}
-	conn, err := p.db.Conn(ctx)
+	if priority || p.normal < p.normalCap() {
+		if !priority {
+			p.normal++
+		}
+		if n := len(p.idle); n > 0 {
+			c := p.idle[n-1]
+			p.idle = p.idle[:n-1]
+			p.mu.Unlock()
+			c.priority = priority
+			return c, nil
+		}
+		if p.open < p.size {
+			p.open++
+			p.mu.Unlock()
+			return p.dial(ctx, priority)
+		}
+		if !priority {
+			p.normal--
+		}
+	}
+	w := &waiter{priority: priority, ch: make(chan *Conn, 1)}
+	if priority {
+		i := 0
+		for i < len(p.waiting) && p.waiting[i].priority {
+			i++
+		}
+		p.waiting = append(p.waiting[:i], append([]*waiter{w}, p.waiting[i:]...)...)
+	} else {
+		p.waiting = append(p.waiting, w)
+	}
+	p.mu.Unlock()
+
+	select {
+	case c := <-w.ch:
+		return p.handed(ctx, c, priority)
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	for i, x := range p.waiting {
+		if x == w {
+			p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
+			p.mu.Unlock()
+			return nil, ctx.Err()
+		}
+	}
+	p.mu.Unlock()
+	// Handed a connection (or a slot) just as ctx ended: give it back.
+	c := <-w.ch
+	if c == nil {
+		p.mu.Lock()
+		p.open--
+		if !priority {
+			p.normal--
+		}
+		p.serveLocked()
+		p.mu.Unlock()
+	} else {
+		c.priority = priority
+		p.Put(c, nil)
+	}
+	return nil, ctx.Err()
+}
+
+// handed completes a Get that was handed c, or a slot to open one (c nil).
+func (p *Pool) handed(ctx context.Context, c *Conn, priority bool) (*Conn, error) {
+	if c == nil {
+		return p.dial(ctx, priority)
+	}
+	c.priority = priority
+	return c, nil
+}
+
+// dial opens and sets up a connection in a slot already counted in open
+// (and normal); on failure it gives the slot back.
+func (p *Pool) dial(ctx context.Context, priority bool) (*Conn, error) {
+	c, err := p.connect(ctx)
 	if err != nil {
+		p.mu.Lock()
+		p.open--
+		if !priority {
+			p.normal--
+		}
+		p.serveLocked()
+		p.mu.Unlock()
 		return nil, err
 	}
-	c := &Conn{conn: conn}
+	c.priority = priority
+	return c, nil
+}
+
+func (p *Pool) connect(ctx context.Context) (*Conn, error) {
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return nil, ctxError(ctx, err)
+	}
+	c := &Conn{conn: conn, stmts: make([]*sql.Stmt, len(p.queries))}
 	for _, q := range p.setup {
 		if _, err := conn.ExecContext(ctx, q); err != nil {
-			c.close()
-			return nil, err
+			c.discard()
+			return nil, ctxError(ctx, err)
 		}
-	}
-	for _, q := range p.queries {
-		st, err := conn.PrepareContext(ctx, q)
-		if err != nil {
-			c.close()
-			return nil, err
-		}
-		c.stmts = append(c.stmts, st)
 	}
 	return c, nil
 }
 
-// Put gives c back after a use whose error was err. A connection whose last
-// error did not come from the server (a network error, a cancelled context:
-// the driver has closed it) is closed instead of kept.
-func (p *Pool) Put(c *Conn, err error) {
-	if !Reusable(err) {
-		c.close()
+// ctxError returns err wrapped with ctx's error when ctx has ended, or its
+// deadline has passed: a dial bounded by the deadline fails with an i/o
+// timeout that may come just before ctx reports its end.
+func ctxError(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	if dl, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(dl) {
+		cerr = context.DeadlineExceeded
+	}
+	if cerr == nil || errors.Is(err, cerr) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", cerr, err)
+}
+
+// serveLocked hands a free slot to the first waiter that may have it.
+// Called with mu held after a connection was discarded or a slot returned.
+func (p *Pool) serveLocked() {
+	if p.closed || p.open >= p.size {
 		return
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		c.close()
+	for i, w := range p.waiting {
+		if !w.priority && p.normal >= p.normalCap() {
+			continue
+		}
+		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
+		p.open++
+		if !w.priority {
+			p.normal++
+		}
+		w.ch <- nil
 		return
-	}
-	select {
-	case p.idle <- c:
-	default:
-		c.close()
 	}
 }
 
-// Close closes the idle connections; connections in use are closed when they
-// are put back.
+// Put gives c back after a use whose error was err. A connection whose last
+// use did not end cleanly (an error that did not come from the server: the
+// driver may have closed it, or a statement may still be running on it) is
+// discarded instead of kept; so is every connection once the pool is closed.
+func (p *Pool) Put(c *Conn, err error) {
+	p.mu.Lock()
+	if !c.priority {
+		p.normal--
+	}
+	if !Reusable(err) || p.closed {
+		p.open--
+		p.serveLocked()
+		p.mu.Unlock()
+		c.discard()
+		return
+	}
+	for i, w := range p.waiting {
+		if !w.priority && p.normal >= p.normalCap() {
+			continue
+		}
+		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
+		if !w.priority {
+			p.normal++
+		}
+		p.mu.Unlock()
+		w.ch <- c
+		return
+	}
+	p.idle = append(p.idle, c)
+	p.mu.Unlock()
+}
+
+// Close discards the idle connections; connections in use are discarded
+// when they are put back. Waiting Gets keep waiting until their ctx ends.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.open -= len(idle)
 	p.mu.Unlock()
-	for {
-		select {
-		case c := <-p.idle:
-			c.close()
-		default:
-			return
-		}
+	for _, c := range idle {
+		c.discard()
 	}
+}
+
+// Open returns the number of connections the pool has open or is opening.
+func (p *Pool) Open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.open
 }
 
 // Reusable reports whether a connection whose last use returned err may be
@@ -118,17 +283,46 @@ func Reusable(err error) bool {
 	return err == nil || errors.Is(err, sql.ErrNoRows) || errors.As(err, &me)
 }
 
-// Stmt returns the connection's prepared statement number i.
-func (c *Conn) Stmt(i int) *sql.Stmt { return c.stmts[i] }
+// Stmt returns the connection's prepared statement number i, preparing it
+// on first use.
+func (c *Conn) Stmt(ctx context.Context, p *Pool, i int) (*sql.Stmt, error) {
+	if st := c.stmts[i]; st != nil {
+		return st, nil
+	}
+	st, err := c.conn.PrepareContext(ctx, p.queries[i])
+	if err != nil {
+		return nil, err
+	}
+	c.stmts[i] = st
+	return st, nil
+}
 
 // ExecContext runs a statement that is not prepared on the connection.
 func (c *Conn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	return c.conn.ExecContext(ctx, query, args...)
 }
 
-func (c *Conn) close() {
+// QueryRowContext runs a query that is not prepared on the connection.
+func (c *Conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return c.conn.QueryRowContext(ctx, query, args...)
+}
+
+// discard closes c's statements and closes the connection itself, rather
+// than returning it to the *sql.DB's pool, so that the session variables
+// set on it never reach the pool's other users.
+func (c *Conn) discard() {
 	for _, st := range c.stmts {
-		st.Close()
+		if st != nil {
+			st.Close()
+		}
 	}
+	// Returning driver.ErrBadConn from Raw makes database/sql close the
+	// driver connection instead of pooling it.
+	_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })
 	c.conn.Close()
+}
+
+// QueryContext runs a query that is not prepared on the connection.
+func (c *Conn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return c.conn.QueryContext(ctx, query, args...)
 }
