@@ -2,12 +2,13 @@ package dsync
 
 import (
 	"context"
-	"crypto/rand"
+	crand "crypto/rand"
 	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"regexp"
 	"slices"
@@ -364,7 +365,7 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 // practice, even after the lease table was emptied or restored.
 func randomID() (int64, error) {
 	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	if _, err := crand.Read(b[:]); err != nil {
 		return 0, err
 	}
 	return int64(binary.BigEndian.Uint64(b[:])>>1) | 1, nil
@@ -435,7 +436,7 @@ func (s *Session) keepAlive() {
 	defer close(s.renewer)
 	ttl := s.opts.ttl
 	lastSent := s.origin
-	timer := time.NewTimer(ttl / 3)
+	timer := time.NewTimer(max(time.Until(lastSent.Add(ttl/3)), 0))
 	defer timer.Stop()
 	for {
 		select {
@@ -518,8 +519,8 @@ func (s *Session) withConn(ctx context.Context, priority bool, f func(*connpool.
 		return err
 	}
 	err = f(c)
-	if ctx.Err() != nil && err == nil {
-		s.pool.Put(c, ctx.Err())
+	if cerr := ctx.Err(); cerr != nil {
+		s.pool.Put(c, cerr) // discarded: the driver may have closed it
 	} else {
 		s.pool.Put(c, err)
 	}
@@ -546,7 +547,9 @@ func (s *Session) reap() {
 	defer close(s.reaper)
 	retry := time.NewTicker(s.opts.ttl / 3)
 	defer retry.Stop()
-	purge := time.NewTimer(time.Second)
+	// The first purge comes at a random moment of the first minute, so that
+	// sessions starting together do not purge together.
+	purge := time.NewTimer(time.Second + rand.N(time.Minute))
 	defer purge.Stop()
 	for {
 		select {
