@@ -88,12 +88,19 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 		if !priority {
 			p.normal++
 		}
-		if n := len(p.idle); n > 0 {
+		for n := len(p.idle); n > 0; n = len(p.idle) {
 			c := p.idle[n-1]
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
-			c.priority = priority
-			return c, nil
+			if c.alive(ctx) {
+				c.priority = priority
+				return c, nil
+			}
+			// The server or the network closed it while it was idle
+			// (wait_timeout, a proxy): drop it, nothing was sent on it.
+			c.discard()
+			p.mu.Lock()
+			p.open--
 		}
 		if p.open < p.size {
 			p.open++
@@ -305,6 +312,19 @@ func (c *Conn) ExecContext(ctx context.Context, query string, args ...any) (sql.
 // QueryRowContext runs a query that is not prepared on the connection.
 func (c *Conn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	return c.conn.QueryRowContext(ctx, query, args...)
+}
+
+// alive reports whether c is still usable, by the driver's own check of an
+// idle connection (a non-blocking read of its socket, unless the DSN turned
+// checkConnLiveness off; no round trip).
+func (c *Conn) alive(ctx context.Context) bool {
+	err := c.conn.Raw(func(dc any) error {
+		if r, ok := dc.(driver.SessionResetter); ok {
+			return r.ResetSession(ctx)
+		}
+		return nil
+	})
+	return err == nil
 }
 
 // discard closes c's statements and closes the connection itself, rather

@@ -9,12 +9,9 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
-	"go.uber.org/goleak"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestReusable(t *testing.T) {
 	tests := []struct {

@@ -1,0 +1,152 @@
+package connpool_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// setup pins a setting that differs from the server default, so a test can
+// tell a pool connection from a caller's.
+var setup = []string{"SET SESSION time_zone = '+03:00'"}
+
+var queries = []string{"SELECT @@time_zone", "SELECT CONNECTION_ID()"}
+
+func newPool(t *testing.T, size int) (*sql.DB, *connpool.Pool) {
+	t.Helper()
+	db := dbtest.Open(t)
+	p := connpool.New(db, size, setup, queries)
+	t.Cleanup(p.Close)
+	return db, p
+}
+
+func queryString(t *testing.T, ctx context.Context, p *connpool.Pool, c *connpool.Conn, i int) string {
+	t.Helper()
+	st, err := c.Stmt(ctx, p, i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s string
+	if err := st.QueryRowContext(ctx).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestPoolReservesOneConnectionForPriority(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	c1, err := p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, ctx, p, c1, 0); got != "+03:00" {
+		t.Fatalf("time_zone on a pool connection: got %v; want +03:00", got)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = p.Get(short, false)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second non-priority Get with size 2: got %v; want DeadlineExceeded", err)
+	}
+	c2, err := p.Get(ctx, true)
+	if err != nil {
+		t.Fatalf("priority Get: got %v; want a connection", err)
+	}
+	// A priority waiter is served before a non-priority one.
+	got := make(chan bool, 2)
+	go func() {
+		c, err := p.Get(ctx, false)
+		if err == nil {
+			got <- false
+			p.Put(c, nil)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the non-priority Get queues first
+	go func() {
+		c, err := p.Get(ctx, true)
+		if err == nil {
+			got <- true
+			p.Put(c, nil)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	p.Put(c2, nil) // only a priority user may have the reserved connection
+	if first := <-got; !first {
+		t.Fatalf("first served after the reserved connection came back: got non-priority; want priority")
+	}
+	p.Put(c1, nil)
+	if second := <-got; second {
+		t.Fatalf("second served: got priority; want non-priority")
+	}
+}
+
+func TestPoolNeverHandsConnectionsBack(t *testing.T) {
+	ctx := context.Background()
+	db, p := newPool(t, 3)
+	var cs []*connpool.Conn
+	for range 3 {
+		c, err := p.Get(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	p.Put(cs[0], errors.New("read tcp: connection reset by peer"))
+	p.Put(cs[1], nil)
+	if got := p.Open(); got != 2 {
+		t.Fatalf("open after discarding one: got %d; want 2", got)
+	}
+	p.Close()
+	p.Put(cs[2], nil)
+	if got := p.Open(); got != 0 {
+		t.Fatalf("open after Close: got %d; want 0", got)
+	}
+	// Whatever the pool used was closed, not returned to db's idle pool.
+	if st := db.Stats(); st.OpenConnections != 0 {
+		t.Fatalf("caller's pool after Close: got %d open connections; want 0", st.OpenConnections)
+	}
+	if _, err := p.Get(ctx, false); !errors.Is(err, connpool.ErrClosed) {
+		t.Fatalf("Get after Close: got %v; want ErrClosed", err)
+	}
+}
+
+func TestPoolReplacesConnectionKilledWhileIdle(t *testing.T) {
+	ctx := context.Background()
+	db, p := newPool(t, 2)
+	c, err := p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := queryString(t, ctx, p, c, 1)
+	p.Put(c, nil)
+	if _, err := db.ExecContext(ctx, "KILL CONNECTION "+id); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // let the close reach the client socket
+	c, err = p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Put(c, nil)
+	if got := queryString(t, ctx, p, c, 1); got == id {
+		t.Fatalf("connection id after KILL: got the killed one %v; want a new one", got)
+	}
+}
+
+func TestMain(m *testing.M) {
+	stop, err := dbtest.Setup()
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { stop() }))
+}
