@@ -221,7 +221,9 @@ func acquirePool(db *sql.DB, q *queries) (*connpool.Pool, error) {
 	k := poolKey{db, q.tables[0]}
 	sp := pools.m[k]
 	if sp == nil {
-		sp = &sharedPool{pool: connpool.New(db, size, []string{qSetSession, qReadCommitted}, q.prepared[:])}
+		// Every connection has the renewal prepared before a renewal needs
+		// it, so that a renewal costs one round trip even on a new one.
+		sp = &sharedPool{pool: connpool.New(db, size, []string{qSetSession, qReadCommitted}, q.prepared[:], int(sLeaseRenew))}
 		pools.m[k] = sp
 	}
 	sp.refs++
@@ -306,6 +308,9 @@ func (s *Session) start(ctx context.Context) error {
 			return fmt.Errorf("dsync: prepare tables: %w", err)
 		}
 		st, err := c.Stmt(ctx, s.pool, int(sLeaseInsert))
+		if err == nil {
+			_, err = c.Stmt(ctx, s.pool, int(sLeaseRenew)) // see acquirePool
+		}
 		if err != nil {
 			return fmt.Errorf("dsync: create lease: %w", err)
 		}

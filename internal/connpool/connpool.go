@@ -30,6 +30,7 @@ type Pool struct {
 	db      *sql.DB
 	setup   []string // statements run once on each new connection
 	queries []string // statements prepared on a connection at first use
+	eager   []int    // indexes of queries prepared when a connection opens
 	size    int      // most connections open at once, at least 1
 
 	mu      sync.Mutex
@@ -57,8 +58,10 @@ type Conn struct {
 
 // New returns a pool over db that opens at most size connections (at least
 // 1). When size is 2 or more, non-priority users get at most size-1 of them.
-func New(db *sql.DB, size int, setup, queries []string) *Pool {
-	return &Pool{db: db, setup: setup, queries: queries, size: max(size, 1)}
+// Each new connection runs the setup statements, then prepares the queries
+// numbered in eager (the others are prepared at first use).
+func New(db *sql.DB, size int, setup, queries []string, eager ...int) *Pool {
+	return &Pool{db: db, setup: setup, queries: queries, eager: eager, size: max(size, 1)}
 }
 
 // Size returns the most connections the pool opens at once.
@@ -189,6 +192,14 @@ func (p *Pool) connect(ctx context.Context) (*Conn, error) {
 	c := &Conn{conn: conn, stmts: make([]*sql.Stmt, len(p.queries))}
 	for _, q := range p.setup {
 		if _, err := conn.ExecContext(ctx, q); err != nil {
+			c.discard()
+			return nil, ctxError(ctx, err)
+		}
+	}
+	for _, i := range p.eager {
+		// A server error (the table does not exist yet) leaves the
+		// statement to be prepared at first use.
+		if _, err := c.Stmt(ctx, p, i); err != nil && !Reusable(err) {
 			c.discard()
 			return nil, ctxError(ctx, err)
 		}
