@@ -4,9 +4,10 @@
 //
 // A [Session] holds a lease row that a background goroutine renews every
 // TTL/3; every lock taken through the session lives exactly as long as that
-// lease. The lease ends on the database's own clock, so clock skew between
-// clients never breaks mutual exclusion, and a process that dies frees its
-// locks at most one TTL later. A session that cannot renew in time learns it
+// lease. The lease ends on the database's own clock, in UTC, so neither clock
+// skew between clients nor any time zone or daylight saving change breaks
+// mutual exclusion, and a process that dies frees its locks at most one TTL
+// later. A session that cannot renew in time learns it
 // first: [Session.Done] closes before the database would let anyone else
 // take its locks.
 //
@@ -23,12 +24,14 @@
 //
 // # Tables
 //
-// NewSession creates four tables (names with the prefix of
+// NewSession creates, when they are missing, four tables (names with the prefix of
 // [WithTablePrefix], default "dsync_"): lease, one row per live session;
 // lock, one row per Mutex name ever used; queue, one row per FairMutex or
 // RWMutex name ever used; ticket, one row per waiter or holder of those.
-// Rows of lock and queue are kept, so fences never go back. See queries.go
-// for every statement dsync sends.
+// Rows of lock and queue are kept, and a row created anew starts its fences
+// at the server's UTC clock in microseconds, so fences never go back. See
+// queries.go for every statement dsync sends, and [Session] for the
+// connections dsync keeps and the session settings it pins on them.
 //
 // Mutex has a lock space of its own; FairMutex and RWMutex share another,
 // in which a FairMutex is the write side of the RWMutex of the same name.
