@@ -188,17 +188,19 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 }
 
 // Unlock releases one hold of the lock. With an owner in ctx it undoes one
-// Lock of that owner and frees the lock when the last is undone. The release
-// statement runs with ctx's values but not its cancellation, so a cancelled
-// caller still frees the lock; it is bounded by the driver's timeouts (set
-// readTimeout and writeTimeout in the DSN to bound it when the database may
-// become unreachable), not by ctx.
+// Lock of that owner and frees the lock when the last is undone. ctx bounds
+// the release statement: when ctx ends first (or had ended), Unlock returns
+// an error wrapping ctx.Err(), and the session frees the row in the
+// background at once, by this acquisition's token, so it never touches a
+// later hold. Pass a ctx without a deadline (context.Background()) to save
+// the driver the cost of watching it.
 //
 // It returns [ErrNotHeld] when this process does not hold the lock,
 // [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
 // [ErrSessionClosed] when the session has ended (the lock is then gone
-// anyway), or a database error; after a database error the hold is over in
-// this process and the session frees the row in the background.
+// anyway), ctx's error, or a database error; after either of the last two
+// the hold is over in this process and the session frees the row in the
+// background.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.err
@@ -224,7 +226,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.s.Err(); err != nil {
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
 	}
-	freed, err := m.s.releaseRow(context.WithoutCancel(ctx), m.name, token)
+	freed, err := m.s.releaseRow(ctx, m.name, token)
 	switch {
 	case err != nil:
 		m.s.addOrphan(orphan{name: m.name, token: token})

@@ -302,11 +302,11 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	return nil, 0, err
 }
 
-// deleteTicket removes the ticket of token, with ctx's values but not its
-// cancellation; if that fails the reaper goroutine retries it.
+// deleteTicket removes the ticket of token; if that fails (ctx ended, or
+// the database did not answer) the reaper goroutine removes it at once.
 func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
 	o := orphan{name: name, token: token, ticket: true}
-	_, err := s.free(context.WithoutCancel(ctx), o)
+	_, err := s.free(ctx, o)
 	if err != nil {
 		s.addOrphan(o)
 	}

@@ -519,6 +519,9 @@ func (s *Session) lose(cause error) {
 // statement). A connection whose use ended with ctx done is discarded: the
 // driver may have closed it, or a statement may still be running on it.
 func (s *Session) withConn(ctx context.Context, priority bool, f func(*connpool.Conn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err // no connection is spent on a call that cannot run
+	}
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil {
 		return err
