@@ -29,6 +29,7 @@ const (
 	DefaultTTL         = 15 * time.Second // lease time to live, see WithTTL
 	DefaultTablePrefix = "dsync_"         // see WithTablePrefix
 	minTTL             = time.Second
+	maxTTL             = 24 * time.Hour
 	maxConns           = 4 // most connections the sessions of one *sql.DB keep
 )
 
@@ -46,7 +47,7 @@ type options struct {
 // which returns an error wrapping [ErrInvalidOption] for a bad value.
 type Option func(*options)
 
-// WithTTL sets the lease time to live (default 15s, at least 1s). The
+// WithTTL sets the lease time to live (default 15s, from 1s to 24h). The
 // session renews its lease every TTL/3; a process that dies frees its locks
 // at most TTL after its last renewal, and a session that cannot reach the
 // database for most of a TTL is lost ([Session.Done]).
@@ -90,8 +91,8 @@ func defaultBackOff() backoff.BackOff {
 
 func (o *options) validate() error {
 	switch {
-	case o.ttl < minTTL:
-		return fmt.Errorf("%w: TTL %v is below %v", ErrInvalidOption, o.ttl, minTTL)
+	case o.ttl < minTTL || o.ttl > maxTTL:
+		return fmt.Errorf("%w: TTL %v is not between %v and %v", ErrInvalidOption, o.ttl, minTTL, maxTTL)
 	case !prefixPattern.MatchString(o.prefix):
 		return fmt.Errorf("%w: table prefix %q: want at most 32 of [A-Za-z0-9_]", ErrInvalidOption, o.prefix)
 	case o.newBackOff == nil:
