@@ -21,7 +21,7 @@ func heldBy(t *testing.T, db *sql.DB, name string) int64 {
 	t.Helper()
 	var holder int64
 	err := db.QueryRow(`SELECT k.holder FROM dsync_lock k JOIN dsync_lease l ON l.id = k.holder
-		WHERE k.name = ? AND l.expires_at > NOW(6)`, name).Scan(&holder)
+		WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)`, name).Scan(&holder)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0
 	}

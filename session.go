@@ -152,12 +152,15 @@ type Session struct {
 	kick      chan struct{}   // a value: the reaper has orphans to free now
 	release   sync.Once       // releases the session's share of the pool
 
-	mu      sync.Mutex
-	err     error                // guarded by mu; nil while live
-	closed  bool                 // guarded by mu; Close was called
-	locks   registry[localLock]  // in-process state of the Mutex names in use
-	queues  registry[localQueue] // the same for FairMutex and RWMutex names
-	orphans []orphan             // guarded by mu; rows to free in the background
+	mu     sync.Mutex
+	err    error // guarded by mu; nil while live
+	closed bool  // guarded by mu; Close was called
+	// closeStarted is set once Close runs its own statements, which may
+	// wait for a connection though the session has ended.
+	closeStarted atomic.Bool
+	locks        registry[localLock]  // in-process state of the Mutex names in use
+	queues       registry[localQueue] // the same for FairMutex and RWMutex names
+	orphans      []orphan             // guarded by mu; rows to free in the background
 }
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -523,7 +526,18 @@ func (s *Session) withConn(ctx context.Context, priority bool, f func(*connpool.
 	if err := ctx.Err(); err != nil {
 		return err // no connection is spent on a call that cannot run
 	}
-	c, err := s.pool.Get(ctx, priority)
+	// A wait for a connection ends with the session, except while Close
+	// itself runs its statements.
+	var abort <-chan struct{}
+	if !s.closeStarted.Load() {
+		abort = s.done
+	}
+	c, err := s.pool.Get(ctx, priority, abort)
+	if errors.Is(err, connpool.ErrAborted) || errors.Is(err, connpool.ErrClosed) {
+		if serr := s.Err(); serr != nil {
+			return serr
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -628,6 +642,7 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
+	s.closeStarted.Store(true)
 	lost := !s.end(ErrSessionClosed)
 	s.stop()
 	<-s.renewer

@@ -78,10 +78,15 @@ func (p *Pool) normalCap() int {
 	return p.size - 1
 }
 
+// ErrAborted is returned by Get when its abort channel closed while it
+// waited.
+var ErrAborted = errors.New("connpool: wait aborted")
+
 // Get returns an idle connection, opens and sets up a new one when the pool
-// has room, or waits (priority users first) until one is put back or ctx
-// ends.
-func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
+// has room, or waits (priority users first) until one is put back, ctx ends
+// (ctx's error), abort closes ([ErrAborted]; a nil abort never does) or the
+// pool closes ([ErrClosed]).
+func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*Conn, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -126,23 +131,33 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 	}
 	p.mu.Unlock()
 
+	var stopped error
 	select {
-	case c := <-w.ch:
+	case c, ok := <-w.ch:
+		if !ok {
+			return nil, ErrClosed
+		}
 		return p.handed(ctx, c, priority)
 	case <-ctx.Done():
+		stopped = ctx.Err()
+	case <-abort:
+		stopped = ErrAborted
 	}
 	p.mu.Lock()
 	for i, x := range p.waiting {
 		if x == w {
 			p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
 			p.mu.Unlock()
-			return nil, ctx.Err()
+			return nil, stopped
 		}
 	}
 	p.mu.Unlock()
-	// Handed a connection (or a slot) just as ctx ended: give it back.
-	c := <-w.ch
-	if c == nil {
+	// Handed a connection (or a slot) just as the wait stopped, or the pool
+	// closed: give it back.
+	c, ok := <-w.ch
+	switch {
+	case !ok:
+	case c == nil:
 		p.mu.Lock()
 		p.open--
 		if !priority {
@@ -150,11 +165,11 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 		}
 		p.serveLocked()
 		p.mu.Unlock()
-	} else {
+	default:
 		c.priority = priority
 		p.Put(c, nil)
 	}
-	return nil, ctx.Err()
+	return nil, stopped
 }
 
 // handed completes a Get that was handed c, or a slot to open one (c nil).
@@ -274,13 +289,17 @@ func (p *Pool) Put(c *Conn, err error) {
 }
 
 // Close discards the idle connections; connections in use are discarded
-// when they are put back. Waiting Gets keep waiting until their ctx ends.
+// when they are put back. Waiting Gets return [ErrClosed].
 func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true
 	idle := p.idle
 	p.idle = nil
 	p.open -= len(idle)
+	for _, w := range p.waiting {
+		close(w.ch)
+	}
+	p.waiting = nil
 	p.mu.Unlock()
 	for _, c := range idle {
 		c.discard()

@@ -44,7 +44,7 @@ func queryString(t *testing.T, ctx context.Context, p *connpool.Pool, c *connpoo
 func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 	ctx := context.Background()
 	_, p := newPool(t, 2)
-	c1, err := p.Get(ctx, false)
+	c1, err := p.Get(ctx, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,19 +52,19 @@ func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 		t.Fatalf("time_zone on a pool connection: got %v; want +03:00", got)
 	}
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err = p.Get(short, false)
+	_, err = p.Get(short, false, nil)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second non-priority Get with size 2: got %v; want DeadlineExceeded", err)
 	}
-	c2, err := p.Get(ctx, true)
+	c2, err := p.Get(ctx, true, nil)
 	if err != nil {
 		t.Fatalf("priority Get: got %v; want a connection", err)
 	}
 	// A priority waiter is served before a non-priority one.
 	got := make(chan bool, 2)
 	go func() {
-		c, err := p.Get(ctx, false)
+		c, err := p.Get(ctx, false, nil)
 		if err == nil {
 			got <- false
 			p.Put(c, nil)
@@ -72,7 +72,7 @@ func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 	}()
 	time.Sleep(50 * time.Millisecond) // the non-priority Get queues first
 	go func() {
-		c, err := p.Get(ctx, true)
+		c, err := p.Get(ctx, true, nil)
 		if err == nil {
 			got <- true
 			p.Put(c, nil)
@@ -94,7 +94,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 	db, p := newPool(t, 3)
 	var cs []*connpool.Conn
 	for range 3 {
-		c, err := p.Get(ctx, true)
+		c, err := p.Get(ctx, true, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 	if st := db.Stats(); st.OpenConnections != 0 {
 		t.Fatalf("caller's pool after Close: got %d open connections; want 0", st.OpenConnections)
 	}
-	if _, err := p.Get(ctx, false); !errors.Is(err, connpool.ErrClosed) {
+	if _, err := p.Get(ctx, false, nil); !errors.Is(err, connpool.ErrClosed) {
 		t.Fatalf("Get after Close: got %v; want ErrClosed", err)
 	}
 }
@@ -122,7 +122,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 func TestPoolReplacesConnectionKilledWhileIdle(t *testing.T) {
 	ctx := context.Background()
 	db, p := newPool(t, 2)
-	c, err := p.Get(ctx, false)
+	c, err := p.Get(ctx, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPoolReplacesConnectionKilledWhileIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond) // let the close reach the client socket
-	c, err = p.Get(ctx, false)
+	c, err = p.Get(ctx, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,4 +149,27 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { stop() }))
+}
+
+func TestPoolWaitEndsOnAbortAndClose(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 1)
+	c, err := p.Get(ctx, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abort := make(chan struct{})
+	errc := make(chan error, 2)
+	go func() { _, err := p.Get(ctx, false, abort); errc <- err }()
+	go func() { _, err := p.Get(ctx, true, nil); errc <- err }()
+	time.Sleep(50 * time.Millisecond) // both wait: the only connection is in use
+	close(abort)
+	if err := <-errc; !errors.Is(err, connpool.ErrAborted) {
+		t.Fatalf("Get after abort: got %v; want ErrAborted", err)
+	}
+	p.Close()
+	if err := <-errc; !errors.Is(err, connpool.ErrClosed) {
+		t.Fatalf("waiting Get after Close: got %v; want ErrClosed", err)
+	}
+	p.Put(c, nil)
 }
