@@ -127,6 +127,8 @@ func runChild(role string) int {
 		err = childDriver(c)
 	case "rwcheck":
 		err = childRWCheck(c)
+	case "fencedholder":
+		err = childFencedHolder(c)
 	default:
 		err = fmt.Errorf("unknown child role %q", role)
 	}

@@ -120,9 +120,10 @@ func (o *options) validate() error {
 // The sessions of one *sql.DB (and table prefix) share a few connections of
 // that pool, which they keep: 4 when the pool has no limit
 // (SetMaxOpenConns), else a quarter of the limit, at least 1 and at most 4;
-// a limit of 1 leaves the caller nothing, and NewSession refuses it. One of
-// those connections, when there are two or more, serves lease renewals
-// only, and renewals go first, so lock traffic never delays a renewal. dsync
+// a limit of 1 leaves the caller nothing, and NewSession refuses it. When
+// there are two or more, one of them, once opened, is kept warm for lease
+// renewals only (lock statements open their own), and renewals go first, so
+// lock traffic never delays a renewal. dsync
 // pins what its statements rely on (autocommit, isolation, time zone,
 // sql_mode) on these connections, whatever the DSN says, and so never hands
 // them back to the pool: it closes them when it is done with them (the last

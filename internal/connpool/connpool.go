@@ -37,6 +37,8 @@ type Pool struct {
 	idle    []*Conn   // guarded by mu; ready for use
 	open    int       // guarded by mu; connections open or being opened
 	normal  int       // guarded by mu; of those, in use by non-priority users
+	prio    int       // guarded by mu; of those, in use by priority users
+	reserve *Conn     // guarded by mu; an idle connection for priority users only
 	waiting []*waiter // guarded by mu; priority waiters first, each FIFO
 	closed  bool      // guarded by mu; once true, Put discards what it is given
 }
@@ -82,42 +84,66 @@ func (p *Pool) normalCap() int {
 // waited.
 var ErrAborted = errors.New("connpool: wait aborted")
 
+// count adds d to the connections held (or being opened) by priority or
+// non-priority users. Called with mu held.
+func (p *Pool) count(priority bool, d int) {
+	if priority {
+		p.prio += d
+	} else {
+		p.normal += d
+	}
+}
+
+// takeIdle returns a ready connection for a user, or nil: a priority user
+// takes the reserve first, then any idle connection; a non-priority user
+// takes idle connections only, never the reserve. Called with mu held.
+func (p *Pool) takeIdle(priority bool) *Conn {
+	if priority && p.reserve != nil {
+		c := p.reserve
+		p.reserve = nil
+		return c
+	}
+	if n := len(p.idle); n > 0 {
+		c := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		return c
+	}
+	return nil
+}
+
 // Get returns an idle connection, opens and sets up a new one when the pool
 // has room, or waits (priority users first) until one is put back, ctx ends
 // (ctx's error), abort closes ([ErrAborted]; a nil abort never does) or the
 // pool closes ([ErrClosed]).
 func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*Conn, error) {
 	p.mu.Lock()
+	for !p.closed && (priority || p.normal < p.normalCap()) {
+		c := p.takeIdle(priority)
+		if c == nil {
+			break
+		}
+		p.count(priority, 1)
+		p.mu.Unlock()
+		if c.alive(ctx) {
+			c.priority = priority
+			return c, nil
+		}
+		// The server or the network closed it while it was idle
+		// (wait_timeout, a proxy): drop it, nothing was sent on it.
+		c.discard()
+		p.mu.Lock()
+		p.open--
+		p.count(priority, -1)
+	}
 	if p.closed {
 		p.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if priority || p.normal < p.normalCap() {
-		if !priority {
-			p.normal++
-		}
-		for n := len(p.idle); n > 0; n = len(p.idle) {
-			c := p.idle[n-1]
-			p.idle = p.idle[:n-1]
-			p.mu.Unlock()
-			if c.alive(ctx) {
-				c.priority = priority
-				return c, nil
-			}
-			// The server or the network closed it while it was idle
-			// (wait_timeout, a proxy): drop it, nothing was sent on it.
-			c.discard()
-			p.mu.Lock()
-			p.open--
-		}
-		if p.open < p.size {
-			p.open++
-			p.mu.Unlock()
-			return p.dial(ctx, priority)
-		}
-		if !priority {
-			p.normal--
-		}
+	if (priority || p.normal < p.normalCap()) && p.open < p.size {
+		p.open++
+		p.count(priority, 1)
+		p.mu.Unlock()
+		return p.dial(ctx, priority)
 	}
 	w := &waiter{priority: priority, ch: make(chan *Conn, 1)}
 	if priority {
@@ -137,7 +163,11 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 		if !ok {
 			return nil, ErrClosed
 		}
-		return p.handed(ctx, c, priority)
+		if c == nil {
+			return p.dial(ctx, priority)
+		}
+		c.priority = priority
+		return c, nil
 	case <-ctx.Done():
 		stopped = ctx.Err()
 	case <-abort:
@@ -160,9 +190,7 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 	case c == nil:
 		p.mu.Lock()
 		p.open--
-		if !priority {
-			p.normal--
-		}
+		p.count(priority, -1)
 		p.serveLocked()
 		p.mu.Unlock()
 	default:
@@ -172,25 +200,14 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 	return nil, stopped
 }
 
-// handed completes a Get that was handed c, or a slot to open one (c nil).
-func (p *Pool) handed(ctx context.Context, c *Conn, priority bool) (*Conn, error) {
-	if c == nil {
-		return p.dial(ctx, priority)
-	}
-	c.priority = priority
-	return c, nil
-}
-
 // dial opens and sets up a connection in a slot already counted in open
-// (and normal); on failure it gives the slot back.
+// and by count; on failure it gives the slot back.
 func (p *Pool) dial(ctx context.Context, priority bool) (*Conn, error) {
 	c, err := p.connect(ctx)
 	if err != nil {
 		p.mu.Lock()
 		p.open--
-		if !priority {
-			p.normal--
-		}
+		p.count(priority, -1)
 		p.serveLocked()
 		p.mu.Unlock()
 		return nil, err
@@ -248,9 +265,7 @@ func (p *Pool) serveLocked() {
 		}
 		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
 		p.open++
-		if !w.priority {
-			p.normal++
-		}
+		p.count(w.priority, 1)
 		w.ch <- nil
 		return
 	}
@@ -260,11 +275,11 @@ func (p *Pool) serveLocked() {
 // use did not end cleanly (an error that did not come from the server: the
 // driver may have closed it, or a statement may still be running on it) is
 // discarded instead of kept; so is every connection once the pool is closed.
+// When the pool may hold two or more connections and no priority user has
+// one, the connection becomes the reserve, which only priority users take.
 func (p *Pool) Put(c *Conn, err error) {
 	p.mu.Lock()
-	if !c.priority {
-		p.normal--
-	}
+	p.count(c.priority, -1)
 	if !Reusable(err) || p.closed {
 		p.open--
 		p.serveLocked()
@@ -273,19 +288,29 @@ func (p *Pool) Put(c *Conn, err error) {
 		return
 	}
 	for i, w := range p.waiting {
-		if !w.priority && p.normal >= p.normalCap() {
+		if !w.priority && (p.normal >= p.normalCap() || p.needReserve()) {
 			continue
 		}
 		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
-		if !w.priority {
-			p.normal++
-		}
+		p.count(w.priority, 1)
 		p.mu.Unlock()
 		w.ch <- c
 		return
 	}
-	p.idle = append(p.idle, c)
+	if p.needReserve() {
+		p.reserve = c
+		p.serveLocked() // a non-priority waiter may open a connection instead
+	} else {
+		p.idle = append(p.idle, c)
+	}
 	p.mu.Unlock()
+}
+
+// needReserve reports whether a connection put back should be kept for
+// priority users: the pool may hold two or more, and no priority user has
+// one or the reserve. Called with mu held.
+func (p *Pool) needReserve() bool {
+	return p.size >= 2 && p.reserve == nil && p.prio == 0
 }
 
 // Close discards the idle connections; connections in use are discarded
@@ -294,6 +319,10 @@ func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true
 	idle := p.idle
+	if p.reserve != nil {
+		idle = append(idle, p.reserve)
+		p.reserve = nil
+	}
 	p.idle = nil
 	p.open -= len(idle)
 	for _, w := range p.waiting {

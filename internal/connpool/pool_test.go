@@ -173,3 +173,55 @@ func TestPoolWaitEndsOnAbortAndClose(t *testing.T) {
 	}
 	p.Put(c, nil)
 }
+
+// TestPoolKeepsTheReserveWarm: once a priority user has used a connection,
+// non-priority users never take it; they open their own, so a priority user
+// always finds a set-up connection without opening one.
+func TestPoolKeepsTheReserveWarm(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	c, err := p.Get(ctx, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reserved := queryString(t, ctx, p, c, 1)
+	p.Put(c, nil)
+	n, err := p.Get(ctx, false, nil) // must open a second connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, ctx, p, n, 1); got == reserved {
+		t.Fatalf("non-priority Get: got the reserved connection %v; want another", got)
+	}
+	c, err = p.Get(ctx, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, ctx, p, c, 1); got != reserved {
+		t.Fatalf("priority Get: got connection %v; want the reserve %v", got, reserved)
+	}
+	p.Put(c, nil)
+	p.Put(n, nil)
+	// A non-priority user waiting while the reserve is the only connection
+	// opens its own instead of waiting for ever.
+	_, q := newPool(t, 2)
+	n1, err := q.Get(ctx, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		n2, err := q.Get(short, false, nil)
+		if err == nil {
+			q.Put(n2, nil)
+		}
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	q.Put(n1, nil) // becomes the reserve; the waiter must be told to open one
+	if err := <-errc; err != nil {
+		t.Fatalf("waiting non-priority Get after the only connection became the reserve: got %v; want a connection", err)
+	}
+}
