@@ -188,9 +188,18 @@ func StartWith(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	// The bootstrap runs on the real clock and without cfg: it only has to
 	// produce a data directory.
+	// Each server has a temporary directory of its own: a starting mariadbd
+	// removes the #sql* files it finds in its tmpdir, and with the shared
+	// /tmp those can be another server's.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
 	install := exec.CommandContext(ctx, installDB, append([]string{
 		"--no-defaults",
 		"--datadir=" + data,
+		"--tmpdir=" + tmp,
 		"--auth-root-authentication-method=normal",
 		"--skip-test-db",
 	}, userArgs...)...)
@@ -221,6 +230,7 @@ func start(ctx context.Context, mariadbd, dir string, userArgs []string, cfg Con
 	args := append([]string{
 		"--no-defaults",
 		"--datadir=" + filepath.Join(dir, "data"),
+		"--tmpdir=" + filepath.Join(dir, "tmp"),
 		"--socket=" + filepath.Join(dir, "mariadb.sock"),
 		"--pid-file=" + filepath.Join(dir, "mariadb.pid"),
 		"--log-error=" + filepath.Join(dir, "error.log"),
@@ -312,6 +322,9 @@ func (s *Server) launch(ctx context.Context, fakeTime string) error {
 		return err
 	}
 	cmd := exec.Command(s.mariadbd, s.args...)
+	// The server dies with the process that started it, so a test binary
+	// that exits abruptly leaves no server behind.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Env = env
 	cmd.Stdout = out // an *os.File: no copying goroutine
 	cmd.Stderr = out
