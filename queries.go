@@ -223,11 +223,19 @@ WHERE name = ?`
 	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
 
-	// qTicketPurge removes tickets whose lease row is gone (crashed
-	// sessions, purged by qLeasePurge). They are skipped anyway; this only
-	// keeps the table small.
-	qTicketPurge = `DELETE FROM {ticket} WHERE NOT EXISTS
-  (SELECT 1 FROM {lease} l WHERE l.id = {ticket}.holder) LIMIT 1000`
+	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone
+	// (crashed sessions, purged by qLeasePurge). They are skipped anyway;
+	// removing them only keeps the table small. A plain read at READ
+	// COMMITTED takes no locks, so it never waits for, or holds up, lock
+	// traffic; each ticket is then removed by its key (qTicketPurge). (One
+	// DELETE with this condition would lock its way through the whole
+	// table, waiting behind every ticket being written and making lock
+	// traffic wait behind it.)
+	qTicketsOrphaned = `SELECT t.ticket FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
+WHERE l.id IS NULL LIMIT 1000`
+
+	// qTicketPurge removes one ticket of a lease that is gone. Args: ticket.
+	qTicketPurge = `DELETE FROM {ticket} WHERE ticket = ?`
 )
 
 // aheadBase marks a qTicketCheck result that is a place in line, not a fence.
@@ -250,6 +258,7 @@ const (
 	sQueueCreate
 	sLeasePurge
 	sTicketPurge
+	sTicketsOrphaned
 	numStmts
 )
 
@@ -280,5 +289,6 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueCreate] = r.Replace(qQueueCreate)
 	q.prepared[sLeasePurge] = r.Replace(qLeasePurge)
 	q.prepared[sTicketPurge] = r.Replace(qTicketPurge)
+	q.prepared[sTicketsOrphaned] = r.Replace(qTicketsOrphaned)
 	return q
 }

@@ -595,11 +595,37 @@ func (s *Session) reap() {
 func (s *Session) purge() {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
 	defer cancel()
-	for _, st := range []stmtIndex{sLeasePurge, sTicketPurge} {
-		if _, err := s.exec(ctx, st); err != nil {
-			s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
-			return
+	var tickets []int64
+	_, err := s.exec(ctx, sLeasePurge)
+	if err == nil {
+		err = s.withConn(ctx, false, func(c *connpool.Conn) error {
+			st, err := c.Stmt(ctx, s.pool, int(sTicketsOrphaned))
+			if err != nil {
+				return err
+			}
+			rows, err := st.QueryContext(ctx)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var t int64
+				if err := rows.Scan(&t); err != nil {
+					return err
+				}
+				tickets = append(tickets, t)
+			}
+			return rows.Err()
+		})
+	}
+	for _, t := range tickets {
+		if err != nil {
+			break
 		}
+		_, err = s.exec(ctx, sTicketPurge, t)
+	}
+	if err != nil {
+		s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
 	}
 }
 

@@ -160,10 +160,13 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 	var stopped error
 	select {
 	case c, ok := <-w.ch:
-		if !ok {
+		switch {
+		case !ok:
 			return nil, ErrClosed
-		}
-		if c == nil {
+		case c == nil:
+			return p.dial(ctx, priority)
+		case !c.alive(ctx):
+			c.discard() // its slot, already counted, opens a new one
 			return p.dial(ctx, priority)
 		}
 		c.priority = priority
@@ -191,7 +194,7 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 		p.mu.Lock()
 		p.open--
 		p.count(priority, -1)
-		p.serveLocked()
+		p.dispatchLocked()
 		p.mu.Unlock()
 	default:
 		c.priority = priority
@@ -208,7 +211,7 @@ func (p *Pool) dial(ctx context.Context, priority bool) (*Conn, error) {
 		p.mu.Lock()
 		p.open--
 		p.count(priority, -1)
-		p.serveLocked()
+		p.dispatchLocked()
 		p.mu.Unlock()
 		return nil, err
 	}
@@ -253,21 +256,32 @@ func ctxError(ctx context.Context, err error) error {
 	return fmt.Errorf("%w (%w)", cerr, err)
 }
 
-// serveLocked hands a free slot to the first waiter that may have it.
-// Called with mu held after a connection was discarded or a slot returned.
-func (p *Pool) serveLocked() {
-	if p.closed || p.open >= p.size {
+// dispatchLocked hands idle connections, and room to open new ones, to
+// waiters in their order (priority waiters first): a priority waiter may
+// have the reserve or any idle connection, a non-priority one idle
+// connections only, and only while non-priority users hold fewer than
+// normalCap. Called with mu held after any change those depend on.
+func (p *Pool) dispatchLocked() {
+	if p.closed {
 		return
 	}
-	for i, w := range p.waiting {
+	for i := 0; i < len(p.waiting); {
+		w := p.waiting[i]
 		if !w.priority && p.normal >= p.normalCap() {
+			i++
 			continue
 		}
+		c := p.takeIdle(w.priority)
+		if c == nil {
+			if p.open >= p.size {
+				i++
+				continue
+			}
+			p.open++ // a slot: the waiter opens a connection
+		}
 		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
-		p.open++
 		p.count(w.priority, 1)
-		w.ch <- nil
-		return
+		w.ch <- c // buffered: never blocks
 	}
 }
 
@@ -282,27 +296,17 @@ func (p *Pool) Put(c *Conn, err error) {
 	p.count(c.priority, -1)
 	if !Reusable(err) || p.closed {
 		p.open--
-		p.serveLocked()
+		p.dispatchLocked()
 		p.mu.Unlock()
 		c.discard()
 		return
 	}
-	for i, w := range p.waiting {
-		if !w.priority && (p.normal >= p.normalCap() || p.needReserve()) {
-			continue
-		}
-		p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
-		p.count(w.priority, 1)
-		p.mu.Unlock()
-		w.ch <- c
-		return
-	}
 	if p.needReserve() {
 		p.reserve = c
-		p.serveLocked() // a non-priority waiter may open a connection instead
 	} else {
 		p.idle = append(p.idle, c)
 	}
+	p.dispatchLocked()
 	p.mu.Unlock()
 }
 
