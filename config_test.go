@@ -108,23 +108,6 @@ func unlockNow(t *testing.T, what string, l fencedLock) {
 	}
 }
 
-// liveHolder returns the lease id holding a Mutex name in the default tables
-// as another connection (default settings) sees it, judged on the server's
-// UTC clock; 0 when the row is free, missing, or names an ended lease.
-func liveHolder(t *testing.T, admin *sql.DB, name string) int64 {
-	t.Helper()
-	var holder int64
-	err := admin.QueryRow(`SELECT k.holder FROM dsync_lock k JOIN dsync_lease l ON l.id = k.holder
-		WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)`, name).Scan(&holder)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return holder
-}
-
 // TestExclusionUnderDSNSettings runs the core exclusion check with sessions
 // whose *sql.DB comes from DSNs set the way users set them: connection
 // time zones, MariaDB's SIMULTANEOUS_ASSIGNMENT, autocommit off,
@@ -192,13 +175,13 @@ func checkExclusion(t *testing.T, dsnA, dsnB string, maxOpen int) {
 	held := base + "/held"
 	ma, mb := dsync.NewMutex(a, held), dsync.NewMutex(b, held)
 	lockWithin(t, "A Lock", ma, 10*time.Second)
-	if got := liveHolder(t, admin, held); got != a.ID() {
+	if got := heldBy(t, admin, held); got != a.ID() {
 		t.Fatalf("holder seen by another connection after A's Lock: got %d; want %d (A)", got, a.ID())
 	}
 	wantTryLock(t, "B TryLock while A holds", mb, false)
 	unlockNow(t, "A Unlock", ma)
 	lockWithin(t, "B Lock", mb, 10*time.Second)
-	if got := liveHolder(t, admin, held); got != b.ID() {
+	if got := heldBy(t, admin, held); got != b.ID() {
 		t.Fatalf("holder seen by another connection after B's Lock: got %d; want %d (B)", got, b.ID())
 	}
 	wantTryLock(t, "A TryLock while B holds", ma, false)
@@ -219,7 +202,7 @@ func checkExclusion(t *testing.T, dsnA, dsnB string, maxOpen int) {
 	if got := md.Fence(); got != oldFence+1 {
 		t.Fatalf("fence after the takeover: got %d; want %d", got, oldFence+1)
 	}
-	if got := liveHolder(t, admin, dead); got != a.ID() {
+	if got := heldBy(t, admin, dead); got != a.ID() {
 		t.Fatalf("holder after the takeover: got %d; want %d (A)", got, a.ID())
 	}
 	wantTryLock(t, "B TryLock after A's takeover", dsync.NewMutex(b, dead), false)
@@ -236,7 +219,7 @@ func checkExclusion(t *testing.T, dsnA, dsnB string, maxOpen int) {
 		if err := a.Err(); err != nil {
 			t.Fatalf("A's Err while holding: got %v; want <nil>", err)
 		}
-		if got := liveHolder(t, admin, long); got != a.ID() {
+		if got := heldBy(t, admin, long); got != a.ID() {
 			t.Fatalf("live holder seen by another connection: got %d; want %d (A)", got, a.ID())
 		}
 	}

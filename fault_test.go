@@ -610,14 +610,7 @@ func unlockReplyLost(t *testing.T, kind string) {
 		acquired <- err
 	}()
 	if kind == "FairMutex" {
-		// The other session must be in line behind the holder.
-		deadline := time.Now().Add(5 * time.Second)
-		for len(readHoldState(t, direct, kind, name).holders) < 2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("tickets: got %v; want the holder's and the waiter's", readHoldState(t, direct, kind, name))
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitTickets(t, direct, name, 2) // the holder's and the waiter's
 	}
 
 	awaitRenewal(t, direct, h.ID(), ttl)
@@ -897,13 +890,7 @@ func lockInFlightWhenLeaseLost(t *testing.T, kind string) {
 	lockErr := make(chan error, 1)
 	go func() { lockErr <- a.Lock(lctx) }()
 	if kind == "FairMutex" {
-		deadline := time.Now().Add(5 * time.Second)
-		for len(readHoldState(t, direct, kind, name).holders) < 2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("tickets: got %v; want the holder's and the waiter's", readHoldState(t, direct, kind, name))
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitTickets(t, direct, name, 2) // the holder's and the waiter's
 	} else {
 		time.Sleep(100 * time.Millisecond) // a few polls
 	}

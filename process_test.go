@@ -4,14 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
@@ -119,91 +114,13 @@ func TestCrashedHolderFreedAfterTTL(t *testing.T) {
 	}
 }
 
-// proxy forwards TCP connections to a server until cut; then it keeps them
-// open but drops every byte both ways, like a network that went dark.
-type proxy struct {
-	ln       net.Listener
-	upstream string
-	cut      atomic.Bool
-	mu       sync.Mutex
-	conns    []net.Conn
-	wg       sync.WaitGroup
-}
-
-func newProxy(t *testing.T, upstream string) *proxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{ln: ln, upstream: upstream}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		u, err := net.Dial("tcp", p.upstream)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, u)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(c, u)
-		go p.pipe(u, c)
-	}
-}
-
-func (p *proxy) pipe(from, to net.Conn) {
-	defer p.wg.Done()
-	defer from.Close()
-	defer to.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buf)
-		if err != nil {
-			return
-		}
-		if p.cut.Load() {
-			continue // the network is down: the bytes are lost
-		}
-		if _, err := to.Write(buf[:n]); err != nil {
-			return
-		}
-	}
-}
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
 // TestLeaseLossSignalledBeforeTakeover cuts a holder off from the server and
 // checks that its Done closes (with ErrSessionExpired) before another
 // session acquires the lock.
 func TestLeaseLossSignalledBeforeTakeover(t *testing.T) {
 	const ttl = time.Second
-	cfg, err := mysql.ParseDSN(dbtest.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newProxy(t, cfg.Addr)
-	cfg.Addr = p.ln.Addr().String()
-	cut, err := dsync.NewSession(context.Background(), dbtest.OpenDSN(t, cfg.FormatDSN()), dsync.WithTTL(ttl))
+	p, dsn := newFaultProxy(t)
+	cut, err := dsync.NewSession(context.Background(), dbtest.OpenDSN(t, dsn), dsync.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +132,7 @@ func TestLeaseLossSignalledBeforeTakeover(t *testing.T) {
 	}
 
 	other := dsync.NewMutex(newSession(t), name)
-	p.cut.Store(true)
+	p.Cut(true)
 	cutAt := time.Now()
 
 	acquired := make(chan time.Time, 1)
