@@ -947,3 +947,62 @@ func lockInFlightWhenLeaseLost(t *testing.T, kind string) {
 		t.Fatalf("third session's Unlock: got %v; want nil", err)
 	}
 }
+
+// TestCallsEndWithTheirSession cuts the network under a Lock and an Unlock
+// called with context.Background(): no ctx will ever end them, so they must
+// return, with ErrSessionExpired, once their session is lost (they used to
+// block until the driver gave up on the dead connection, which a black hole
+// may never make it do).
+func TestCallsEndWithTheirSession(t *testing.T) {
+	const ttl = 2 * time.Second
+	bg := context.Background()
+	p, dsn := newFaultProxy(t)
+	name := lockName(t)
+	owner := dsync.NewMutex(faultSession(t, dbtest.Open(t), ttl), name)
+	if err := owner.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	ws := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
+	waiter := dsync.NewMutex(ws, name)
+	hs := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
+	holder := dsync.NewMutex(hs, name+"/held")
+	if err := holder.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- waiter.Lock(bg) }()
+	time.Sleep(300 * time.Millisecond) // the waiter polls through the proxy
+	p.Cut(true)
+	cut := time.Now()
+	unlockErr := make(chan error, 1)
+	go func() { unlockErr <- holder.Unlock(bg) }()
+
+	for _, s := range []*dsync.Session{ws, hs} {
+		select {
+		case <-s.Done():
+		case <-time.After(2 * ttl):
+			t.Fatalf("Done after the cut: still open after %v; want closed within the TTL", 2*ttl)
+		}
+	}
+	lost := time.Since(cut)
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("bytes dropped by the cut: got %d; want some (the fault did not happen)", st.Dropped)
+	}
+	for _, c := range []struct {
+		call string
+		errc chan error
+	}{{"Lock", lockErr}, {"Unlock", unlockErr}} {
+		select {
+		case err := <-c.errc:
+			if !errors.Is(err, dsync.ErrSessionExpired) {
+				t.Errorf("%s after its session was lost: got %v; want ErrSessionExpired", c.call, err)
+			}
+			t.Logf("%s returned %v after the cut (sessions lost after %v)", c.call, time.Since(cut), lost)
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%s: still blocked 2s after its session was lost; want it to return", c.call)
+		}
+	}
+	if err := owner.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+}

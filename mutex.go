@@ -228,6 +228,8 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	}
 	freed, err := m.s.releaseRow(ctx, m.name, token)
 	switch {
+	case err != nil && m.s.Err() != nil:
+		return fmt.Errorf("dsync: unlock %q: %w", m.name, m.s.Err()) // the lock ends with the lease
 	case err != nil:
 		m.s.addOrphan(orphan{name: m.name, token: token})
 		return fmt.Errorf("dsync: unlock %q (the session retries in the background): %w", m.name, err)

@@ -154,7 +154,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (ahea
 // (exclusive) that a ticket in mode conflicts with.
 func (s *Session) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
 	var n int64
-	err := s.withConn(ctx, false, func(c *connpool.Conn) error {
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(sTicketConflicts))
 		if err != nil {
 			return err
@@ -426,6 +426,9 @@ func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op st
 	}
 	err := q.s.deleteTicket(ctx, q.name, token)
 	lq.kickFront()
+	if err != nil && q.s.Err() != nil {
+		return fmt.Errorf("dsync: %s %q: %w", op, q.name, q.s.Err()) // the lock ends with the lease
+	}
 	if err != nil {
 		return fmt.Errorf("dsync: %s %q (the session retries in the background): %w", op, q.name, err)
 	}

@@ -153,15 +153,12 @@ type Session struct {
 	kick      chan struct{}   // a value: the reaper has orphans to free now
 	release   sync.Once       // releases the session's share of the pool
 
-	mu     sync.Mutex
-	err    error // guarded by mu; nil while live
-	closed bool  // guarded by mu; Close was called
-	// closeStarted is set once Close runs its own statements, which may
-	// wait for a connection though the session has ended.
-	closeStarted atomic.Bool
-	locks        registry[localLock]  // in-process state of the Mutex names in use
-	queues       registry[localQueue] // the same for FairMutex and RWMutex names
-	orphans      []orphan             // guarded by mu; rows to free in the background
+	mu      sync.Mutex
+	err     error                // guarded by mu; nil while live
+	closed  bool                 // guarded by mu; Close was called
+	locks   registry[localLock]  // in-process state of the Mutex names in use
+	queues  registry[localQueue] // the same for FairMutex and RWMutex names
+	orphans []orphan             // guarded by mu; rows to free in the background
 }
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -308,7 +305,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 // start creates the missing tables and the lease, on one priority
 // connection, and sets the first deadline.
 func (s *Session) start(ctx context.Context) error {
-	return s.withConn(ctx, true, func(c *connpool.Conn) error {
+	return s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
 		if err := s.createTables(ctx, c); err != nil {
 			return fmt.Errorf("dsync: prepare tables: %w", err)
 		}
@@ -485,7 +482,7 @@ var errLeaseEnded = errors.New("lease ended on the server")
 // renew extends the lease once, on a priority connection, and returns when
 // the renewal was sent: the lease lasts at least TTL from then.
 func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
-	err = s.withConn(ctx, true, func(c *connpool.Conn) error {
+	err = s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(sLeaseRenew))
 		if err != nil {
 			return err
@@ -521,34 +518,58 @@ func (s *Session) lose(cause error) {
 }
 
 // withConn runs f on one of the session's connections (priority: a lease
-// statement). A connection whose use ended with ctx done is discarded: the
-// driver may have closed it, or a statement may still be running on it.
-func (s *Session) withConn(ctx context.Context, priority bool, f func(*connpool.Conn) error) error {
+// statement), under a ctx that ends when ctx does or when the session ends
+// (closed or lost), so that no call outlives its session even with a
+// context.Background() ctx and a database that stopped answering; Close's
+// own statements (see closingCtx) run under Close's ctx alone. A connection
+// whose use ended with that ctx done is discarded: the driver may have
+// closed it, or a statement may still be running on it.
+func (s *Session) withConn(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err // no connection is spent on a call that cannot run
 	}
-	// A wait for a connection ends with the session, except while Close
-	// itself runs its statements.
-	var abort <-chan struct{}
-	if !s.closeStarted.Load() {
-		abort = s.done
-	}
-	c, err := s.pool.Get(ctx, priority, abort)
-	if errors.Is(err, connpool.ErrAborted) || errors.Is(err, connpool.ErrClosed) {
-		if serr := s.Err(); serr != nil {
-			return serr
+	sctx := ctx
+	if ctx.Value(closingKey{}) == nil {
+		if ctx.Done() == nil {
+			sctx = s.stopped // no allocation on the common path
+		} else {
+			var cancel context.CancelFunc
+			sctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(s.stopped, cancel)()
 		}
 	}
+	err := s.use(sctx, priority, f)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		if serr := s.Err(); serr != nil {
+			return serr // the session ended under the statement
+		}
+	}
+	return err
+}
+
+// use runs f on a connection from the pool under ctx and puts it back.
+func (s *Session) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+	c, err := s.pool.Get(ctx, priority)
 	if err != nil {
 		return err
 	}
-	err = f(c)
+	err = f(ctx, c)
 	if cerr := ctx.Err(); cerr != nil {
 		s.pool.Put(c, cerr) // discarded: the driver may have closed it
 	} else {
 		s.pool.Put(c, err)
 	}
 	return err
+}
+
+// closingKey marks the ctx of Close's own statements, which run after the
+// session has ended.
+type closingKey struct{}
+
+// closingCtx returns the ctx for Close's own statements.
+func closingCtx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, closingKey{}, true)
 }
 
 // addOrphan records a lock row or ticket to free in the background and
@@ -598,7 +619,7 @@ func (s *Session) purge() {
 	var tickets []int64
 	_, err := s.exec(ctx, sLeasePurge)
 	if err == nil {
-		err = s.withConn(ctx, false, func(c *connpool.Conn) error {
+		err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 			st, err := c.Stmt(ctx, s.pool, int(sTicketsOrphaned))
 			if err != nil {
 				return err
@@ -669,7 +690,6 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	s.closeStarted.Store(true)
 	lost := !s.end(ErrSessionClosed)
 	s.stop()
 	<-s.renewer
@@ -681,6 +701,7 @@ func (s *Session) Close() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ttl)
 	defer cancel()
+	ctx = closingCtx(ctx)
 	// Deleting the lease frees every lock row and ticket of the session at
 	// once: a holder whose lease row is gone holds nothing.
 	if _, err := s.exec(ctx, sLeaseDelete, s.id); err != nil {
@@ -735,7 +756,7 @@ const maxRetries = 10
 // exec retries those, so they never reach a caller while a retry is safe.
 func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
 	var res sql.Result
-	err := s.withConn(ctx, false, func(c *connpool.Conn) error {
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(stmt))
 		if err != nil {
 			return err

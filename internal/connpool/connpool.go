@@ -80,10 +80,6 @@ func (p *Pool) normalCap() int {
 	return p.size - 1
 }
 
-// ErrAborted is returned by Get when its abort channel closed while it
-// waited.
-var ErrAborted = errors.New("connpool: wait aborted")
-
 // count adds d to the connections held (or being opened) by priority or
 // non-priority users. Called with mu held.
 func (p *Pool) count(priority bool, d int) {
@@ -113,9 +109,8 @@ func (p *Pool) takeIdle(priority bool) *Conn {
 
 // Get returns an idle connection, opens and sets up a new one when the pool
 // has room, or waits (priority users first) until one is put back, ctx ends
-// (ctx's error), abort closes ([ErrAborted]; a nil abort never does) or the
-// pool closes ([ErrClosed]).
-func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*Conn, error) {
+// (ctx's error) or the pool closes ([ErrClosed]).
+func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 	p.mu.Lock()
 	for !p.closed && (priority || p.normal < p.normalCap()) {
 		c := p.takeIdle(priority)
@@ -157,7 +152,6 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 	}
 	p.mu.Unlock()
 
-	var stopped error
 	select {
 	case c, ok := <-w.ch:
 		switch {
@@ -172,16 +166,13 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 		c.priority = priority
 		return c, nil
 	case <-ctx.Done():
-		stopped = ctx.Err()
-	case <-abort:
-		stopped = ErrAborted
 	}
 	p.mu.Lock()
 	for i, x := range p.waiting {
 		if x == w {
 			p.waiting = append(p.waiting[:i], p.waiting[i+1:]...)
 			p.mu.Unlock()
-			return nil, stopped
+			return nil, ctx.Err()
 		}
 	}
 	p.mu.Unlock()
@@ -200,7 +191,7 @@ func (p *Pool) Get(ctx context.Context, priority bool, abort <-chan struct{}) (*
 		c.priority = priority
 		p.Put(c, nil)
 	}
-	return nil, stopped
+	return nil, ctx.Err()
 }
 
 // dial opens and sets up a connection in a slot already counted in open

@@ -44,7 +44,7 @@ func queryString(t *testing.T, ctx context.Context, p *connpool.Pool, c *connpoo
 func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 	ctx := context.Background()
 	_, p := newPool(t, 2)
-	c1, err := p.Get(ctx, false, nil)
+	c1, err := p.Get(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,19 +52,19 @@ func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 		t.Fatalf("time_zone on a pool connection: got %v; want +03:00", got)
 	}
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err = p.Get(short, false, nil)
+	_, err = p.Get(short, false)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second non-priority Get with size 2: got %v; want DeadlineExceeded", err)
 	}
-	c2, err := p.Get(ctx, true, nil)
+	c2, err := p.Get(ctx, true)
 	if err != nil {
 		t.Fatalf("priority Get: got %v; want a connection", err)
 	}
 	// A priority waiter is served before a non-priority one.
 	got := make(chan bool, 2)
 	go func() {
-		c, err := p.Get(ctx, false, nil)
+		c, err := p.Get(ctx, false)
 		if err == nil {
 			got <- false
 			p.Put(c, nil)
@@ -72,7 +72,7 @@ func TestPoolReservesOneConnectionForPriority(t *testing.T) {
 	}()
 	time.Sleep(50 * time.Millisecond) // the non-priority Get queues first
 	go func() {
-		c, err := p.Get(ctx, true, nil)
+		c, err := p.Get(ctx, true)
 		if err == nil {
 			got <- true
 			p.Put(c, nil)
@@ -94,7 +94,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 	db, p := newPool(t, 3)
 	var cs []*connpool.Conn
 	for range 3 {
-		c, err := p.Get(ctx, true, nil)
+		c, err := p.Get(ctx, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 	if st := db.Stats(); st.OpenConnections != 0 {
 		t.Fatalf("caller's pool after Close: got %d open connections; want 0", st.OpenConnections)
 	}
-	if _, err := p.Get(ctx, false, nil); !errors.Is(err, connpool.ErrClosed) {
+	if _, err := p.Get(ctx, false); !errors.Is(err, connpool.ErrClosed) {
 		t.Fatalf("Get after Close: got %v; want ErrClosed", err)
 	}
 }
@@ -122,7 +122,7 @@ func TestPoolNeverHandsConnectionsBack(t *testing.T) {
 func TestPoolReplacesConnectionKilledWhileIdle(t *testing.T) {
 	ctx := context.Background()
 	db, p := newPool(t, 2)
-	c, err := p.Get(ctx, false, nil)
+	c, err := p.Get(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPoolReplacesConnectionKilledWhileIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond) // let the close reach the client socket
-	c, err = p.Get(ctx, false, nil)
+	c, err = p.Get(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,21 +151,21 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { stop() }))
 }
 
-func TestPoolWaitEndsOnAbortAndClose(t *testing.T) {
+func TestPoolWaitEndsOnCtxAndClose(t *testing.T) {
 	ctx := context.Background()
 	_, p := newPool(t, 1)
-	c, err := p.Get(ctx, false, nil)
+	c, err := p.Get(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	abort := make(chan struct{})
+	short, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 2)
-	go func() { _, err := p.Get(ctx, false, abort); errc <- err }()
-	go func() { _, err := p.Get(ctx, true, nil); errc <- err }()
+	go func() { _, err := p.Get(short, false); errc <- err }()
+	go func() { _, err := p.Get(ctx, true); errc <- err }()
 	time.Sleep(50 * time.Millisecond) // both wait: the only connection is in use
-	close(abort)
-	if err := <-errc; !errors.Is(err, connpool.ErrAborted) {
-		t.Fatalf("Get after abort: got %v; want ErrAborted", err)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("waiting Get after its ctx ended: got %v; want context.Canceled", err)
 	}
 	p.Close()
 	if err := <-errc; !errors.Is(err, connpool.ErrClosed) {
@@ -180,20 +180,20 @@ func TestPoolWaitEndsOnAbortAndClose(t *testing.T) {
 func TestPoolKeepsTheReserveWarm(t *testing.T) {
 	ctx := context.Background()
 	_, p := newPool(t, 2)
-	c, err := p.Get(ctx, true, nil)
+	c, err := p.Get(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reserved := queryString(t, ctx, p, c, 1)
 	p.Put(c, nil)
-	n, err := p.Get(ctx, false, nil) // must open a second connection
+	n, err := p.Get(ctx, false) // must open a second connection
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := queryString(t, ctx, p, n, 1); got == reserved {
 		t.Fatalf("non-priority Get: got the reserved connection %v; want another", got)
 	}
-	c, err = p.Get(ctx, true, nil)
+	c, err = p.Get(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestPoolKeepsTheReserveWarm(t *testing.T) {
 	// A non-priority user waiting while the reserve is the only connection
 	// opens its own instead of waiting for ever.
 	_, q := newPool(t, 2)
-	n1, err := q.Get(ctx, false, nil)
+	n1, err := q.Get(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestPoolKeepsTheReserveWarm(t *testing.T) {
 	go func() {
 		short, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		n2, err := q.Get(short, false, nil)
+		n2, err := q.Get(short, false)
 		if err == nil {
 			q.Put(n2, nil)
 		}
