@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -1004,5 +1005,56 @@ func TestCallsEndWithTheirSession(t *testing.T) {
 	}
 	if err := owner.Unlock(bg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRenewalsOnSlowSharedPools: with latency of TTL/6 each way, a session
+// whose lock statements keep its connections busy (polling a held lock)
+// still renews in time on a pool limited to 4 connections (dsync kept one,
+// and the renewal waited behind a poll: lost at 0.8 TTL).
+func TestRenewalsOnSlowSharedPools(t *testing.T) {
+	for _, tc := range []struct{ maxOpen, sessions int }{{4, 1}} {
+		t.Run(fmt.Sprintf("max %d, %d sessions", tc.maxOpen, tc.sessions), func(t *testing.T) {
+			const ttl = 3 * time.Second
+			bg := context.Background()
+			p, dsn := newFaultProxy(t)
+			name := lockName(t)
+			owner := dsync.NewMutex(newSession(t, dsync.WithTTL(ttl)), name)
+			if err := owner.Lock(bg); err != nil {
+				t.Fatal(err)
+			}
+			db := dbtest.OpenDSN(t, dsn)
+			db.SetMaxOpenConns(tc.maxOpen)
+			var ss []*dsync.Session
+			for range tc.sessions {
+				ss = append(ss, faultSession(t, db, ttl))
+			}
+			p.SetLatency(ttl / 6)
+			ctx, cancel := context.WithTimeout(bg, 4*ttl)
+			defer cancel()
+			var wg sync.WaitGroup
+			for _, s := range ss {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_ = dsync.NewMutex(s, name).Lock(ctx) // polls the held lock until ctx ends
+				}()
+			}
+			start := time.Now()
+			for i, s := range ss {
+				select {
+				case <-s.Done():
+					t.Errorf("session %d: lost %v after the latency began (%v); want live for %v", i, time.Since(start), s.Err(), 4*ttl)
+				case <-ctx.Done():
+				}
+			}
+			wg.Wait()
+			if st := p.Stats(); st.ToServer == 0 {
+				t.Fatalf("bytes to the server through the proxy: got 0; want some (the fault did not apply)")
+			}
+			if err := owner.Unlock(bg); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -118,8 +118,11 @@ func (o *options) validate() error {
 // # Connections
 //
 // The sessions of one *sql.DB (and table prefix) share a few connections of
-// that pool, which they keep: 4 when the pool has no limit
-// (SetMaxOpenConns), else a quarter of the limit, at least 1 and at most 4;
+// that pool, which they keep: when the pool has no limit (SetMaxOpenConns)
+// 4, and one more for each further session, so that their renewals need
+// not wait for one another; else a quarter of the limit, at least 2 and at
+// most 4, shared by all of them, or 1 when the limit is 2 or 3 (then
+// renewals only go first: they may wait for one lock statement);
 // a limit of 1 leaves the caller nothing, and NewSession refuses it. When
 // there are two or more, one of them, once opened, is kept warm for lease
 // renewals only (lock statements open their own), and renewals go first, so
@@ -200,32 +203,46 @@ type sharedPool struct {
 	refs int // sessions using it; guarded by pools' mutex
 }
 
-// poolSize is how many connections the sessions of db keep (see Session).
-func poolSize(db *sql.DB) (int, error) {
+// poolSize is how many connections the sessions of db keep (see Session)
+// when sessions of them share it.
+func poolSize(db *sql.DB, sessions int) (int, error) {
 	limit := db.Stats().MaxOpenConnections
 	switch {
 	case limit == 0:
-		return maxConns, nil
+		// Each session beyond the first may need a connection of its own
+		// for its renewal while the others' are in flight.
+		return maxConns + sessions - 1, nil
 	case limit < 2:
 		return 0, fmt.Errorf("%w: the *sql.DB allows %d open connection(s); dsync keeps one of them, so allow at least 2 (SetMaxOpenConns)", ErrInvalidOption, limit)
+	case limit < 4:
+		return 1, nil // no connection to spare for renewals alone
 	}
-	return min(max(limit/4, 1), maxConns), nil
+	return min(max(limit/4, 2), maxConns), nil
 }
 
 // acquirePool returns the shared pool of db and prefix, counting a user.
 func acquirePool(db *sql.DB, q *queries) (*connpool.Pool, error) {
-	size, err := poolSize(db)
-	if err != nil {
-		return nil, err
-	}
 	pools.Lock()
 	defer pools.Unlock()
 	k := poolKey{db, q.tables[0]}
 	sp := pools.m[k]
-	if sp == nil {
+	sessions := 1
+	if sp != nil {
+		sessions += sp.refs
+	}
+	size, err := poolSize(db, sessions)
+	if err != nil {
+		return nil, err
+	}
+	if sp != nil {
+		sp.pool.Resize(size)
+	} else {
 		// Every connection has the renewal prepared before a renewal needs
 		// it, so that a renewal costs one round trip even on a new one.
 		sp = &sharedPool{pool: connpool.New(db, size, []string{qSetSession, qReadCommitted}, q.prepared[:], int(sLeaseRenew))}
+		// Lock statements never use more than maxConns-1 connections; the
+		// rest serve renewals.
+		sp.pool.LimitNormal(maxConns - 1)
 		pools.m[k] = sp
 	}
 	sp.refs++
@@ -241,6 +258,8 @@ func releasePool(db *sql.DB, q *queries) {
 	if sp.refs--; sp.refs == 0 {
 		delete(pools.m, k)
 		sp.pool.Close()
+	} else if size, err := poolSize(db, sp.refs); err == nil {
+		sp.pool.Resize(size)
 	}
 }
 

@@ -31,16 +31,17 @@ type Pool struct {
 	setup   []string // statements run once on each new connection
 	queries []string // statements prepared on a connection at first use
 	eager   []int    // indexes of queries prepared when a connection opens
-	size    int      // most connections open at once, at least 1
 
-	mu      sync.Mutex
-	idle    []*Conn   // guarded by mu; ready for use
-	open    int       // guarded by mu; connections open or being opened
-	normal  int       // guarded by mu; of those, in use by non-priority users
-	prio    int       // guarded by mu; of those, in use by priority users
-	reserve *Conn     // guarded by mu; an idle connection for priority users only
-	waiting []*waiter // guarded by mu; priority waiters first, each FIFO
-	closed  bool      // guarded by mu; once true, Put discards what it is given
+	mu        sync.Mutex
+	size      int       // guarded by mu; most connections open at once, at least 1
+	normalMax int       // guarded by mu; see LimitNormal
+	idle      []*Conn   // guarded by mu; ready for use
+	open      int       // guarded by mu; connections open or being opened
+	normal    int       // guarded by mu; of those, in use by non-priority users
+	prio      int       // guarded by mu; of those, in use by priority users
+	reserve   *Conn     // guarded by mu; an idle connection for priority users only
+	waiting   []*waiter // guarded by mu; priority waiters first, each FIFO
+	closed    bool      // guarded by mu; once true, Put discards what it is given
 }
 
 // waiter is a Get blocked until a connection, or room to open one, is
@@ -67,17 +68,53 @@ func New(db *sql.DB, size int, setup, queries []string, eager ...int) *Pool {
 }
 
 // Size returns the most connections the pool opens at once.
-func (p *Pool) Size() int { return p.size }
+func (p *Pool) Size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size
+}
+
+// Resize sets the most connections the pool opens at once (at least 1).
+// When it shrinks, connections in use beyond it are discarded as they come
+// back, idle ones at once.
+func (p *Pool) Resize(size int) {
+	p.mu.Lock()
+	p.size = max(size, 1)
+	var drop []*Conn
+	for p.open > p.size && len(p.idle) > 0 {
+		drop = append(drop, p.idle[len(p.idle)-1])
+		p.idle = p.idle[:len(p.idle)-1]
+		p.open--
+	}
+	p.dispatchLocked()
+	p.mu.Unlock()
+	for _, c := range drop {
+		c.discard()
+	}
+}
 
 // ErrClosed is returned by Get after Close.
 var ErrClosed = errors.New("connpool: closed")
 
-// normalCap is the most connections non-priority users may hold at once.
+// normalCap is the most connections non-priority users may hold at once:
+// all of them when the pool holds one, else at most size-1, and at most
+// normalMax when that is set.
 func (p *Pool) normalCap() int {
 	if p.size == 1 {
 		return 1
 	}
+	if p.normalMax > 0 {
+		return min(p.size-1, p.normalMax)
+	}
 	return p.size - 1
+}
+
+// LimitNormal caps the connections non-priority users may hold at once
+// (0: size-1), so that the rest of the pool serves priority users.
+func (p *Pool) LimitNormal(n int) {
+	p.mu.Lock()
+	p.normalMax = n
+	p.mu.Unlock()
 }
 
 // count adds d to the connections held (or being opened) by priority or
@@ -285,7 +322,7 @@ func (p *Pool) dispatchLocked() {
 func (p *Pool) Put(c *Conn, err error) {
 	p.mu.Lock()
 	p.count(c.priority, -1)
-	if !Reusable(err) || p.closed {
+	if !Reusable(err) || p.closed || p.open > p.size {
 		p.open--
 		p.dispatchLocked()
 		p.mu.Unlock()
