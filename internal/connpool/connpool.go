@@ -67,13 +67,6 @@ func New(db *sql.DB, size int, setup, queries []string, eager ...int) *Pool {
 	return &Pool{db: db, setup: setup, queries: queries, eager: eager, size: max(size, 1)}
 }
 
-// Size returns the most connections the pool opens at once.
-func (p *Pool) Size() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.size
-}
-
 // Resize sets the most connections the pool opens at once (at least 1).
 // When it shrinks, connections in use beyond it are discarded as they come
 // back, idle ones at once.
