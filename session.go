@@ -506,22 +506,19 @@ func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
 		if err != nil {
 			return err
 		}
-		for attempt := 0; ; attempt++ {
+		res, err := retryRolledBack(ctx, func() (sql.Result, error) {
 			sent = time.Now()
-			res, err := st.ExecContext(ctx, s.opts.ttl.Microseconds(), s.id)
-			if isErrNo(err, 1213, 1205) && attempt < 10 && ctx.Err() == nil {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil {
-				return err
-			} else if n == 0 {
-				return errLeaseEnded
-			}
-			return nil
+			return st.ExecContext(ctx, s.opts.ttl.Microseconds(), s.id)
+		})
+		if err != nil {
+			return err
 		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return errLeaseEnded
+		}
+		return nil
 	})
 	return sent, err
 }
@@ -780,14 +777,22 @@ func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Re
 		if err != nil {
 			return err
 		}
-		for attempt := 0; ; attempt++ {
-			res, err = st.ExecContext(ctx, args...)
-			if !isErrNo(err, 1213, 1205) || attempt == maxRetries || ctx.Err() != nil {
-				return err
-			}
-		}
+		res, err = retryRolledBack(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) })
+		return err
 	})
 	return res, err
+}
+
+// retryRolledBack runs a single autocommit statement, again while a
+// deadlock (1213) or a lock wait timeout (1205) rolled it back, up to
+// maxRetries times and while ctx lasts.
+func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.Result, error) {
+	for attempt := 0; ; attempt++ {
+		res, err := run()
+		if !isErrNo(err, 1213, 1205) || attempt == maxRetries || ctx.Err() != nil {
+			return res, err
+		}
+	}
 }
 
 // acquireRow makes one attempt to take the lock row for name, with the
