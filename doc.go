@@ -3,7 +3,7 @@
 // reaches one MySQL-compatible database (MySQL 5.7/8, MariaDB 10.6+).
 //
 // A [Session] holds a lease row that a background goroutine renews every
-// TTL/3; every lock taken through the session lives exactly as long as that
+// TTL/3 (at most 2s apart); every lock taken through the session lives exactly as long as that
 // lease. The lease ends on the database's own clock, in UTC, so neither clock
 // skew between clients nor any time zone or daylight saving change breaks
 // mutual exclusion, and a process that dies frees its locks at most one TTL

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -45,6 +46,12 @@ var (
 	// hold for reading.
 	ErrLockDowngrade = errors.New("dsync: cannot take a read lock while holding the write lock")
 
+	// ErrSchemaVersion is returned by [NewSession] when the tables of its
+	// prefix were created by a version of dsync that lays them out
+	// differently. Give this version a prefix of its own (WithTablePrefix),
+	// or drop the old tables once no process of the old version runs.
+	ErrSchemaVersion = errors.New("dsync: tables of another schema version")
+
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
 	// became free.
@@ -62,5 +69,14 @@ func retryable(err error) bool {
 	if !errors.As(err, &me) {
 		return true
 	}
-	return me.Number == 1213 || me.Number == 1205
+	return slices.Contains(rolledBack, me.Number)
 }
+
+// rolledBack are the server errors after which a single statement (or
+// dsync's own one transaction) had no effect and may simply run again:
+// 1213, a deadlock, or on a Galera cluster a certification conflict, which
+// rolls back the whole transaction; 1205, a lock wait timeout, which rolls
+// back the statement (dsync's statements are one per transaction); 1047, a
+// Galera node that is not ready for queries (joining, or cut off from the
+// majority), which refused the statement before running it.
+var rolledBack = []uint16{1213, 1205, 1047}

@@ -503,7 +503,7 @@ func readHoldState(t *testing.T, db *sql.DB, kind, name string) holdState {
 		h.holders, h.tokens = []int64{holder}, []int64{token}
 		return h
 	}
-	rows, err := db.Query("SELECT holder, token FROM dsync_ticket WHERE name = ? ORDER BY ticket", name)
+	rows, err := db.Query("SELECT holder, token FROM dsync_ticket WHERE name = ? ORDER BY seq", name)
 	if err != nil {
 		t.Fatal(err)
 	}

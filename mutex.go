@@ -138,9 +138,13 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 	defer m.s.acquiring.Add(-1)
 	var b backoff.BackOff
 	var timer *time.Timer
+	var started, claimed time.Time // when this call began waiting, and last claimed
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if !claimed.IsZero() && fence == 0 {
+			m.unclaim(ctx)
 		}
 	}()
 	for attempt := 0; ; attempt++ {
@@ -167,10 +171,21 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		}
 		if b == nil {
 			b = m.s.opts.newBackOff()
+			started = time.Now()
 		}
 		d := b.NextBackOff()
 		if d == backoff.Stop {
 			return 0, 0, ErrNotObtained
+		}
+		if err == nil && time.Since(started) >= starveAfter {
+			// Waited long: claim the next hold, so that neither the holder's
+			// process nor a faster poller takes it first, and poll often.
+			if claimed.IsZero() || time.Since(claimed) >= claimFor/3 {
+				if m.claim(ctx) {
+					claimed = time.Now()
+				}
+			}
+			d = min(d, claimPoll)
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
@@ -201,6 +216,44 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 // anyway), ctx's error, or a database error; after either of the last two
 // the hold is over in this process and the session frees the row in the
 // background.
+// Starving waiters (see qCreateLock): a Lock that has waited starveAfter
+// claims the next hold of the lock for claimFor, renewing its claim while
+// it waits, and polls every claimPoll. The claim bounds how long a waiter
+// can be overtaken by other processes, including the holder's own process
+// re-acquiring at once (its node commits first on a cluster), to about
+// starveAfter plus one hold. (A shorter starveAfter makes claims, and the
+// idle row between a release and the claimant's next poll, common under
+// ordinary contention: at 20ms, 6 goroutines of 3 sessions on one server
+// made 44% fewer acquisitions.)
+const (
+	starveAfter = 100 * time.Millisecond
+	claimFor    = 300 * time.Millisecond
+	claimPoll   = 2 * time.Millisecond
+)
+
+// claim claims the next hold for this session, or renews its claim, and
+// reports whether the claim is its own now. A failure only means waiting
+// as before.
+func (m *Mutex) claim(ctx context.Context) bool {
+	ok, err := m.s.execChanged(ctx, sLockClaim, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
+	if err != nil {
+		m.s.logger.Debug("dsync: claim failed", "name", m.name, "err", err)
+	}
+	return ok
+}
+
+// unclaim drops this session's claim when its Lock gives up without the
+// lock. When ctx has ended, or that fails, the claim simply lapses after
+// claimFor.
+func (m *Mutex) unclaim(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	if _, err := m.s.exec(ctx, sLockUnclaim, m.name, m.s.id); err != nil {
+		m.s.logger.Debug("dsync: unclaim failed", "name", m.name, "err", err)
+	}
+}
+
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.err

@@ -4,7 +4,7 @@ import "strings"
 
 // All SQL that dsync sends lives in this file. Each statement names its
 // arguments (in order) and what its result means. "{lease}", "{lock}",
-// "{queue}" and "{ticket}" stand for the session's table names: the table
+// "{queue}", "{ticket}" and "{schema}" stand for the session's table names: the table
 // prefix, validated by NewSession to [A-Za-z0-9_]{0,32}, plus the table's
 // name, in backquotes
 // (an empty prefix leaves the reserved word lock). No other text from
@@ -38,42 +38,73 @@ const (
 	// (There is deliberately no acquired_at column and no index on holder:
 	// writing a timestamp, or an indexed column, on every acquisition
 	// measurably slows the uncontended path.)
+	//
+	// waiter is the lease id of a session that has waited for the lock for
+	// long (starveAfter) and claimed the next hold (0: none); until
+	// claimed_until (server UTC) no other session takes the row when it
+	// falls free, so a waiter, on another node of a cluster or behind a
+	// process that releases and re-acquires at once, is not overtaken for
+	// ever. Any acquisition clears the claim.
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
-  name   VARBINARY(255) NOT NULL PRIMARY KEY,
-  holder BIGINT         NOT NULL DEFAULT 0,
-  token  BIGINT         NOT NULL DEFAULT 0,
-  fence  BIGINT         NOT NULL DEFAULT 0
+  name          VARBINARY(255) NOT NULL PRIMARY KEY,
+  holder        BIGINT         NOT NULL DEFAULT 0,
+  token         BIGINT         NOT NULL DEFAULT 0,
+  fence         BIGINT         NOT NULL DEFAULT 0,
+  waiter        BIGINT         NOT NULL DEFAULT 0,
+  claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
 ) ENGINE=InnoDB`
 )
 
 // Schema of the queued locks (FairMutex, RWMutex). They are a lock space of
 // their own: a Mutex and a FairMutex of one name are two locks.
 const (
-	// qCreateQueue creates the per-name table of the queued locks: fence is
-	// the name's last fencing token, ahead a scratch value written by
-	// qTicketCheck. Enqueues lock this row (FOR UPDATE), which makes the
+	// qCreateQueue creates the per-name table of the queued locks: seq is
+	// the name's last ticket number handed out on a cluster (see
+	// qTicketNumber), fence the name's last fencing token. Enqueues lock this
+	// row (on a single server) or write it (on a cluster), which makes the
 	// tickets of one name commit in ticket order.
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
   name  VARBINARY(255) NOT NULL PRIMARY KEY,
-  fence BIGINT         NOT NULL DEFAULT 0,
-  ahead BIGINT         NOT NULL DEFAULT 0
+  seq   BIGINT         NOT NULL DEFAULT 0,
+  fence BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 
 	// qCreateTicket creates the queue entries: one row per waiter or holder
-	// of a queued lock. The database's AUTO_INCREMENT decides arrival order.
-	// mode 1 is exclusive (FairMutex, RWMutex writer), 0 shared (reader).
-	// A ticket of a live lease holds the lock when no live ticket before it
-	// conflicts with it: any earlier ticket for an exclusive one, an earlier
-	// exclusive ticket for a shared one. Tickets of ended leases are skipped.
+	// of a queued lock, numbered per name (seq) in the order the database
+	// committed them. mode 1 is exclusive (FairMutex, RWMutex writer), 0
+	// shared (reader). A ticket of a live lease holds the lock when no live
+	// ticket before it conflicts with it: any earlier ticket for an exclusive
+	// one, an earlier exclusive ticket for a shared one. Tickets of ended
+	// leases are skipped.
 	qCreateTicket = `CREATE TABLE IF NOT EXISTS {ticket} (
-  ticket BIGINT         NOT NULL AUTO_INCREMENT PRIMARY KEY,
   name   VARBINARY(255) NOT NULL,
+  seq    BIGINT         NOT NULL,
   holder BIGINT         NOT NULL,
   token  BIGINT         NOT NULL,
   mode   TINYINT        NOT NULL,
-  KEY name_ticket_idx (name, ticket)
+  PRIMARY KEY (name, seq)
 ) ENGINE=InnoDB`
+
+	// qCreateSchema creates the table that records which version of these
+	// tables the database holds: one row, written once by whichever session
+	// creates the tables first. NewSession refuses tables of another version
+	// (ErrSchemaVersion) instead of misreading them.
+	qCreateSchema = `CREATE TABLE IF NOT EXISTS {schema} (
+  id      TINYINT NOT NULL PRIMARY KEY,
+  version INT     NOT NULL
+) ENGINE=InnoDB`
+
+	// qSchemaRecord records this version, unless one is recorded already.
+	// Args: version.
+	qSchemaRecord = `INSERT IGNORE INTO {schema} (id, version) VALUES (1, ?)`
+
+	// qSchemaVersion reads the recorded version (no row: not recorded yet).
+	qSchemaVersion = `SELECT version FROM {schema} WHERE id = 1`
 )
+
+// schemaVersion is the version of the tables this code reads and writes.
+// Version 1 (no version record) numbered tickets with AUTO_INCREMENT.
+const schemaVersion = 2
 
 // qFenceSeed is the first fence of a row created anew: the server's UTC
 // clock in microseconds since 1970. A name's earlier row, if an operator
@@ -97,12 +128,26 @@ const (
 	qReadCommitted = `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`
 )
 
-// qTablesPresent lists which of the four tables exist, so that NewSession
+// qTablesPresent lists which of the five tables exist, so that NewSession
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is
-// replicated cluster-wide). Args: the four table names.
+// replicated cluster-wide as a total-order operation that writes racing it
+// fail certification against). Args: the five table names.
 const qTablesPresent = `SELECT TABLE_NAME FROM information_schema.TABLES
-WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?)`
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?)`
+
+// qWsrepOn tells whether the server is a Galera cluster node with
+// replication on: one row whose Value is ON. MySQL has no such variable and
+// returns no row.
+const qWsrepOn = `SHOW VARIABLES LIKE 'wsrep_on'`
+
+// qSyncWait makes reads and writes on a Galera node causal: before each
+// statement the node applies every write the cluster committed before it
+// (wsrep_sync_wait bits 1 reads, 2 updates and deletes, 4 inserts). Without
+// it a lock statement could miss another node's ticket, or a lease renewal
+// that another node committed, and take a lock that is held. It is run on
+// dsync's own connections only, and only on a cluster.
+const qSyncWait = `SET SESSION wsrep_sync_wait = 7`
 
 // Lease statements.
 const (
@@ -131,16 +176,18 @@ WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 
 // Lock statements.
 const (
-	// qLockAcquireFast takes a lock row that exists and is free in one cheap
-	// statement: no subquery, no insert. Args: lease id, token, name.
-	// LastInsertId is the new fence when the lock was taken, 0 otherwise (no
-	// row, or a holder that may be live: then qLockAcquire decides).
-	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1)
-WHERE name = ? AND holder = 0`
+	// qLockAcquireFast takes a lock row that exists, is free and is not
+	// claimed by another waiter in one cheap statement: no subquery, no
+	// insert. Args: lease id, token, name, lease id. LastInsertId is the new
+	// fence when the lock was taken, 0 otherwise (no row, a holder that may
+	// be live, or a claim that may be stale: then qLockAcquire decides).
+	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = 0
+WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?)`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
-	// statement, whatever state the row is in. Args: name, lease id, token,
-	// -lease id, token, lease id.
+	// statement, whatever state the row is in, unless another waiter's claim
+	// on it (see qCreateLock) is current. Args: name, lease id, token, lease
+	// id, -lease id, token, lease id.
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
 	// lease holds it. RowsAffected is not used: it depends on the client's
@@ -164,11 +211,25 @@ WHERE name = ? AND holder = 0`
 VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
 ON DUPLICATE KEY UPDATE
   holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
-                          WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)),
+                          WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))
+              AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   token = IF(holder < 0, ?, token),
+  waiter = IF(holder < 0, 0, waiter),
   holder = IF(holder < 0, ?, holder)`
+
+	// qLockClaim claims the next hold of a lock for a session that has
+	// waited long (see qCreateLock), unless another waiter's claim is
+	// current, or renews the session's own claim. Args: lease id, claim
+	// length in microseconds, name, lease id. A claim is only a courtesy
+	// between waiters: mutual exclusion never depends on it.
+	qLockClaim = `UPDATE {lock} SET waiter = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+WHERE name = ? AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6))`
+
+	// qLockUnclaim drops the session's claim when it stops waiting.
+	// Args: name, lease id.
+	qLockUnclaim = `UPDATE {lock} SET waiter = 0 WHERE name = ? AND waiter = ?`
 
 	// qLockRelease frees a lock row if, and only if, it is still held by
 	// this acquisition. Idempotent, so it also undoes an acquire whose
@@ -181,30 +242,51 @@ WHERE name = ? AND holder = ? AND token = ?`
 // Queued lock statements.
 const (
 	// qQueueCreate makes sure the per-name row of a queued lock exists,
-	// seeding its fence with qFenceSeed. Args: name.
-	qQueueCreate = `INSERT IGNORE INTO {queue} (name, fence) VALUES (?, ` + qFenceSeed + `)`
+	// seeding its counter and fence with qFenceSeed. Args: name.
+	qQueueCreate = `INSERT IGNORE INTO {queue} (name, seq, fence) VALUES (?, ` + qFenceSeed + `, ` + qFenceSeed + `)`
 
-	// qTicketInsert enqueues a waiter, holding the per-name row locked while
-	// it inserts: a ticket is therefore committed before any later ticket of
-	// the name is even numbered, so a check never misses an earlier ticket
-	// that is numbered but not yet visible. Args: name, lease id, token,
-	// mode, name. LastInsertId: the ticket; 0 when the per-name row is
-	// missing (run qQueueCreate, then again).
-	qTicketInsert = `INSERT INTO {ticket} (name, holder, token, mode)
-SELECT ?, ?, ?, ? FROM {queue} WHERE name = ? FOR UPDATE`
+	// qTicketInsert enqueues a waiter on a single server, in one statement,
+	// holding the per-name row locked while it inserts: a ticket is
+	// therefore committed before the next ticket of the name is numbered,
+	// and is numbered above every ticket of the name (the row lock is taken
+	// before the MAX is read, so the MAX sees every ticket committed before
+	// it). A number can come again only after every ticket above it is
+	// gone, at the end of the line, where nobody is behind it. Args: lease
+	// id, token, mode, name. LastInsertId: the ticket's number; 0 when the
+	// per-name row is missing (run qQueueCreate, then again).
+	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode)
+SELECT q.name, LAST_INSERT_ID(GREATEST(q.seq,
+         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name), 0)) + 1), ?, ?, ?
+FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
-	// qTicketCheck tells an exclusive ticket whether it holds the lock, and
-	// takes the next fence when it does. Args: name, ticket, mode, name.
-	// LastInsertId: the new fence when the ticket holds the lock; else
-	// aheadBase plus the number of live tickets before it that conflict
-	// with it (its place in the line). 0 (no row matched): the per-name row
-	// is missing (an operator deleted it); run qQueueCreate, then again. Assignments run left to right: ahead
-	// is computed once and read by the fence assignment. A check that is not
-	// at the head and whose place did not change writes nothing.
-	qTicketCheck = `UPDATE {queue} SET
-  ahead = (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-           WHERE t.name = ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)),
-  fence = IF(ahead = 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(ahead + 4611686018427387904))
+	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
+	// one transaction. Row locks are local to a node there, so the order
+	// comes from the counter instead: every enqueue of a name writes its
+	// per-name row, so two enqueues on different nodes that did not see each
+	// other conflict at certification (one is rolled back and retried), and
+	// a ticket is numbered only on a node that has applied every lower one
+	// (it read the counter they set, in the transaction that inserted them).
+	// qTicketNumber: args name, name; LastInsertId: the new number; 0 rows
+	// changed: the per-name row is missing. qTicketAdd: args name, lease id,
+	// token, mode (the number is the LAST_INSERT_ID of qTicketNumber).
+	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(GREATEST(seq,
+  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ?), 0)) + 1)
+WHERE name = ?`
+	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, LAST_INSERT_ID(), ?, ?, ?)`
+
+	// qTicketTake takes the lock for an exclusive ticket when no live ticket
+	// is ahead of it, and with it the next fence. Args: ticket, name. It
+	// writes only then: LastInsertId is the new fence, or notAtHead (the row
+	// is matched but left unchanged, which writes and replicates nothing).
+	// 0 (no row matched): the per-name row is missing (an operator deleted
+	// it); run qQueueCreate, then again. Once no live ticket is ahead, none
+	// ever is again (later tickets are numbered higher, and a lease that
+	// ended never lives again), so a read-only count of 0 (qTicketConflicts)
+	// followed by this statement cannot be overtaken.
+	qTicketTake = `UPDATE {queue} SET
+  fence = IF(EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+                     WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)),
+             fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ?`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
@@ -216,12 +298,12 @@ WHERE name = ?`
 	// qTicketConflicts counts the live tickets of a name between two ticket
 	// numbers (exclusive) that a ticket of the given mode conflicts with:
 	// all of them for an exclusive ticket, exclusive ones for a shared one.
-	// Args: name, after, before, mode. A reader's check (no fence to take,
-	// so no write) is the count before its own ticket; TryLock and TryRLock
-	// count the whole line; a reader joining a hold of its process counts
-	// the writers queued after that hold.
+	// Args: name, after, before, mode. It is the read-only poll of a waiter
+	// (its place in line); a reader's whole check (no fence to take, so no
+	// write); TryLock and TryRLock count the whole line; a reader joining a
+	// hold of its process counts the writers queued after that hold.
 	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
+WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
 
 	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone
 	// (crashed sessions, purged by qLeasePurge). They are skipped anyway;
@@ -231,15 +313,21 @@ WHERE t.name = ? AND t.ticket > ? AND t.ticket < ? AND (t.mode = 1 OR ? = 1) AND
 	// DELETE with this condition would lock its way through the whole
 	// table, waiting behind every ticket being written and making lock
 	// traffic wait behind it.)
-	qTicketsOrphaned = `SELECT t.ticket FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
+	qTicketsOrphaned = `SELECT t.name, t.seq FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
 WHERE l.id IS NULL LIMIT 1000`
 
-	// qTicketPurge removes one ticket of a lease that is gone. Args: ticket.
-	qTicketPurge = `DELETE FROM {ticket} WHERE ticket = ?`
+	// qTicketPurge removes one ticket of a lease that is gone. Args: name,
+	// ticket.
+	qTicketPurge = `DELETE FROM {ticket} WHERE name = ? AND seq = ?`
 )
 
-// aheadBase marks a qTicketCheck result that is a place in line, not a fence.
-const aheadBase = 1 << 62
+// notAtHead is qTicketTake's answer for a ticket with live tickets ahead.
+// Fences and ticket numbers start at qFenceSeed (about 2^51 today) and grow
+// by one per acquisition, so they never reach it.
+const (
+	notAtHead    = 1 << 62
+	notAtHeadSQL = "4611686018427387904"
+)
 
 // stmtIndex names the statements prepared on every session connection.
 type stmtIndex int
@@ -249,8 +337,12 @@ const (
 	sLockAcquireFast
 	sLockAcquire
 	sLockRelease
+	sLockClaim
+	sLockUnclaim
 	sTicketInsert
-	sTicketCheck
+	sTicketNumber
+	sTicketAdd
+	sTicketTake
 	sTicketDelete
 	sTicketConflicts
 	sLeaseInsert
@@ -264,24 +356,33 @@ const (
 
 // queries holds the statements of one table prefix.
 type queries struct {
-	tables   [4]string        // lease, lock, queue and ticket table names, unquoted
-	creates  [4]string        // their CREATE TABLE statements, in the same order
+	tables   [5]string        // schema, lease, lock, queue and ticket table names, unquoted
+	creates  [5]string        // their CREATE TABLE statements, in the same order
+	record   string           // qSchemaRecord
+	version  string           // qSchemaVersion
 	prepared [numStmts]string // indexed by stmtIndex
 }
 
 func newQueries(prefix string) *queries {
 	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
-		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`")
+		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`", "{schema}", "`"+prefix+"schema`")
 	q := &queries{
-		tables:  [4]string{prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket"},
-		creates: [4]string{r.Replace(qCreateLease), r.Replace(qCreateLock), r.Replace(qCreateQueue), r.Replace(qCreateTicket)},
+		tables: [5]string{prefix + "schema", prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket"},
+		creates: [5]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
+			r.Replace(qCreateQueue), r.Replace(qCreateTicket)},
+		record:  r.Replace(qSchemaRecord),
+		version: r.Replace(qSchemaVersion),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
 	q.prepared[sLockAcquire] = r.Replace(qLockAcquire)
 	q.prepared[sLockRelease] = r.Replace(qLockRelease)
+	q.prepared[sLockClaim] = r.Replace(qLockClaim)
+	q.prepared[sLockUnclaim] = r.Replace(qLockUnclaim)
 	q.prepared[sTicketInsert] = r.Replace(qTicketInsert)
-	q.prepared[sTicketCheck] = r.Replace(qTicketCheck)
+	q.prepared[sTicketNumber] = r.Replace(qTicketNumber)
+	q.prepared[sTicketAdd] = r.Replace(qTicketAdd)
+	q.prepared[sTicketTake] = r.Replace(qTicketTake)
 	q.prepared[sTicketDelete] = r.Replace(qTicketDelete)
 	q.prepared[sTicketConflicts] = r.Replace(qTicketConflicts)
 	q.prepared[sLeaseInsert] = r.Replace(qLeaseInsert)

@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -91,19 +92,25 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 }
 
 // insertTicket inserts a ticket, creating the name's row when it is
-// missing. After an error whose outcome is unknown it removes the ticket.
+// missing, and returns its number. After an error whose outcome is unknown
+// it removes the ticket.
 func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
 	for created := false; ; created = true {
-		res, err := s.exec(ctx, sTicketInsert, name, s.id, token, mode, name)
-		if err != nil {
+		var ticket int64
+		var err error
+		if s.galera {
+			ticket, err = s.insertTicketTx(ctx, name, token, mode)
+		} else {
+			var res sql.Result
+			if res, err = s.exec(ctx, sTicketInsert, s.id, token, mode, name); err == nil {
+				ticket, err = res.LastInsertId()
+			}
+		}
+		switch {
+		case err != nil:
 			if !connpool.Reusable(err) || ctx.Err() != nil {
 				s.undo(ctx, orphan{name: name, token: token, ticket: true})
 			}
-			return 0, err
-		}
-		ticket, err := res.LastInsertId()
-		switch {
-		case err != nil:
 			return 0, err
 		case ticket > 0:
 			return ticket, nil
@@ -116,20 +123,83 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 	}
 }
 
-// checkTicket tells whether w holds the lock: for an exclusive ticket by
-// qTicketCheck, which also takes the fence, for a shared one by counting the
-// writers ahead (readers have no fence, so their check writes nothing). It
-// returns the number of conflicting live tickets ahead, and the fence when
-// that is 0 and the ticket is exclusive. A missing per-name row (an
-// operator deleted it) is created again, its fence seeded above every
-// earlier one (see qFenceSeed).
-func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (ahead, fence int64, err error) {
-	if w.mode == modeShared {
-		ahead, err = s.conflicts(ctx, name, 0, w.ticket, modeShared)
-		return ahead, 0, err
+// insertTicketTx enqueues on a Galera cluster: the name's counter and the
+// ticket in one transaction (see qTicketNumber), run again while a
+// certification conflict with another node's enqueue rolls it back. It
+// returns 0 when the per-name row is missing.
+func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, mode int) (int64, error) {
+	var ticket int64
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		number, err := c.Stmt(ctx, s.pool, int(sTicketNumber))
+		if err != nil {
+			return err
+		}
+		add, err := c.Stmt(ctx, s.pool, int(sTicketAdd))
+		if err != nil {
+			return err
+		}
+		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
+			ticket = 0
+			err := s.enqueueTx(ctx, c, func() error {
+				res, err := number.ExecContext(ctx, name, name)
+				if err == nil {
+					ticket, err = res.LastInsertId()
+				}
+				if err != nil || ticket == 0 {
+					return err
+				}
+				_, err = add.ExecContext(ctx, name, ticket, s.id, token, mode)
+				return err
+			})
+			return nil, err
+		})
+		return err
+	})
+	return ticket, err
+}
+
+// enqueueTx runs f between BEGIN and COMMIT on c; when f or the COMMIT
+// fails with a server error it rolls back (a lock wait timeout rolls back
+// only the statement, not the transaction). Other errors leave the
+// connection in an unknown state, and withConn's caller discards it.
+func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() error) error {
+	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	err := f()
+	if err == nil {
+		_, err = c.ExecContext(ctx, "COMMIT")
+		if err == nil {
+			return nil
+		}
+	}
+	if connpool.Reusable(err) {
+		if _, rerr := c.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+			return rerr
+		}
+	}
+	return err
+}
+
+// checkTicket tells whether w holds the lock. It returns the number of
+// conflicting live tickets ahead of it (at least 1 when it only knows there
+// are some), and the fence when that is 0 and the ticket is exclusive. A
+// reader's check is a count of the writers ahead (readers take no fence,
+// so it writes nothing). An exclusive ticket's first check tries to take the
+// lock at once (qTicketTake, which writes only when the ticket is at the
+// head); later checks count the tickets ahead, reading only, and take the
+// lock when none is left. A missing per-name row (an operator deleted it)
+// is created again, its fence seeded above every earlier one (see
+// qFenceSeed).
+func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
+	if w.mode == modeShared || !first {
+		ahead, err = s.conflicts(ctx, name, 0, w.ticket, w.mode)
+		if err != nil || ahead > 0 || w.mode == modeShared {
+			return ahead, 0, err
+		}
 	}
 	for created := false; ; created = true {
-		res, err := s.exec(ctx, sTicketCheck, name, w.ticket, w.mode, name)
+		res, err := s.exec(ctx, sTicketTake, w.ticket, name)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -137,8 +207,8 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter) (ahea
 		switch {
 		case err != nil:
 			return 0, 0, err
-		case r >= aheadBase:
-			return r - aheadBase, 0, nil
+		case r == notAtHead:
+			return 1, 0, nil
 		case r > 0:
 			return 0, r, nil
 		case created:
@@ -189,8 +259,8 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 			timer.Stop()
 		}
 	}()
-	for {
-		ahead, fence, err := s.checkTicket(ctx, name, w)
+	for first := true; ; first = false {
+		ahead, fence, err := s.checkTicket(ctx, name, w, first)
 		switch {
 		case err == nil && ahead == 0:
 			return fence, true, nil

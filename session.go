@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,7 +49,8 @@ type options struct {
 type Option func(*options)
 
 // WithTTL sets the lease time to live (default 15s, from 1s to 24h). The
-// session renews its lease every TTL/3; a process that dies frees its locks
+// session renews its lease every TTL/3, and at least every 2s (so that a
+// database stall shorter than 0.8*TTL-2s loses no session); a process that dies frees its locks
 // at most TTL after its last renewal, and a session that cannot reach the
 // database for most of a TTL is lost ([Session.Done]).
 func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl } }
@@ -136,6 +138,7 @@ type Session struct {
 	opts   options
 	q      *queries
 	pool   *connpool.Pool
+	galera bool  // the database is a Galera cluster node (see qSyncWait)
 	id     int64 // lease id, the holder column of the lock rows it holds
 	logger *slog.Logger
 
@@ -199,8 +202,9 @@ type poolKey struct {
 }
 
 type sharedPool struct {
-	pool *connpool.Pool
-	refs int // sessions using it; guarded by pools' mutex
+	pool   *connpool.Pool
+	galera bool // the database is a Galera cluster node
+	refs   int  // sessions using it; guarded by pools' mutex
 }
 
 // poolSize is how many connections the sessions of db keep (see Session)
@@ -220,33 +224,63 @@ func poolSize(db *sql.DB, sessions int) (int, error) {
 	return min(max(limit/4, 2), maxConns), nil
 }
 
-// acquirePool returns the shared pool of db and prefix, counting a user.
-func acquirePool(db *sql.DB, q *queries) (*connpool.Pool, error) {
+// acquirePool returns the shared pool of db and prefix, counting a user,
+// and whether the database is a Galera cluster node. The first session of
+// a pool asks the server (see isGalera).
+func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, bool, error) {
+	k := poolKey{db, q.tables[0]}
+	pools.Lock()
+	sp := pools.m[k]
+	pools.Unlock()
+	galera := false
+	if sp == nil {
+		var err error
+		if galera, err = isGalera(ctx, db); err != nil {
+			return nil, false, fmt.Errorf("dsync: ask the server about wsrep: %w", err)
+		}
+	}
 	pools.Lock()
 	defer pools.Unlock()
-	k := poolKey{db, q.tables[0]}
-	sp := pools.m[k]
+	sp = pools.m[k]
 	sessions := 1
 	if sp != nil {
 		sessions += sp.refs
 	}
 	size, err := poolSize(db, sessions)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if sp != nil {
 		sp.pool.Resize(size)
 	} else {
+		setup := []string{qSetSession, qReadCommitted}
+		if galera {
+			setup = append(setup, qSyncWait)
+		}
 		// Every connection has the renewal prepared before a renewal needs
 		// it, so that a renewal costs one round trip even on a new one.
-		sp = &sharedPool{pool: connpool.New(db, size, []string{qSetSession, qReadCommitted}, q.prepared[:], int(sLeaseRenew))}
+		sp = &sharedPool{pool: connpool.New(db, size, setup, q.prepared[:], int(sLeaseRenew)), galera: galera}
 		// Lock statements never use more than maxConns-1 connections; the
 		// rest serve renewals.
 		sp.pool.LimitNormal(maxConns - 1)
 		pools.m[k] = sp
 	}
 	sp.refs++
-	return sp.pool, nil
+	return sp.pool, sp.galera, nil
+}
+
+// isGalera reports whether db is a Galera cluster node with replication on.
+// It runs one read on a connection of db's own pool.
+func isGalera(ctx context.Context, db *sql.DB) (bool, error) {
+	var name, value string
+	err := db.QueryRowContext(ctx, qWsrepOn).Scan(&name, &value)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil // not MariaDB, or built without wsrep
+	case err != nil:
+		return false, err
+	}
+	return strings.EqualFold(value, "ON"), nil
 }
 
 // releasePool drops a user of a shared pool, closing it after the last.
@@ -291,7 +325,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		return nil, err
 	}
 	q := newQueries(o.prefix)
-	pool, err := acquirePool(db, q)
+	pool, galera, err := acquirePool(ctx, db, q)
 	if err != nil {
 		return nil, err
 	}
@@ -300,6 +334,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		opts:    o,
 		q:       q,
 		pool:    pool,
+		galera:  galera,
 		logger:  o.logger,
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
@@ -325,7 +360,9 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 // connection, and sets the first deadline.
 func (s *Session) start(ctx context.Context) error {
 	return s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
-		if err := s.createTables(ctx, c); err != nil {
+		if err := s.createTables(ctx, c); errors.Is(err, ErrSchemaVersion) {
+			return err
+		} else if err != nil {
 			return fmt.Errorf("dsync: prepare tables: %w", err)
 		}
 		st, err := c.Stmt(ctx, s.pool, int(sLeaseInsert))
@@ -343,48 +380,93 @@ func (s *Session) start(ctx context.Context) error {
 			// The lease can end no earlier than TTL after the insert is
 			// sent: the clock starts now, not before the statement was
 			// prepared or the connection opened.
-			s.origin = time.Now()
-			_, err = st.ExecContext(ctx, id, s.opts.label, s.opts.ttl.Microseconds())
+			_, err = retryRolledBack(ctx, func() (sql.Result, error) {
+				s.origin = time.Now()
+				return st.ExecContext(ctx, id, s.opts.label, s.opts.ttl.Microseconds())
+			})
 			if err == nil {
 				s.id = id
 				s.deadline.Store(int64(s.opts.ttl - s.safetyMargin()))
 				return nil
 			}
-			if !isErrNo(err, 1062, 1213, 1205) || attempt == 9 || ctx.Err() != nil {
+			if !isErrNo(err, 1062) || attempt == 9 || ctx.Err() != nil {
 				return fmt.Errorf("dsync: create lease: %w", err)
 			}
 		}
 	})
 }
 
-// createTables creates whichever of the tables are missing.
+// createTables creates whichever of the tables are missing, and checks the
+// schema version they were created with. The version table is created (and
+// the version recorded) before the others, so tables without it are of a
+// dsync older than the version record.
 func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
-	rows, err := c.QueryContext(ctx, qTablesPresent, s.q.tables[0], s.q.tables[1], s.q.tables[2], s.q.tables[3])
+	present, err := s.tablesPresent(ctx, c)
 	if err != nil {
 		return err
 	}
-	present := make(map[string]bool)
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return err
-		}
-		present[name] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
+	schema := s.q.tables[0]
+	if !present[schema] && len(present) > 0 {
+		return fmt.Errorf("%w: table %s has no version record (created by a dsync before schema version %d)",
+			ErrSchemaVersion, s.q.tables[1], schemaVersion)
 	}
 	for i, table := range s.q.tables {
 		if present[table] {
 			continue
 		}
-		if _, err := c.ExecContext(ctx, s.q.creates[i]); err != nil {
+		if err := s.ddl(ctx, c, s.q.creates[i]); err != nil {
 			return err
 		}
+		if i == 0 {
+			if _, err := c.ExecContext(ctx, s.q.record, schemaVersion); err != nil {
+				return err
+			}
+		}
+	}
+	var version int
+	err = c.QueryRowContext(ctx, s.q.version).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		// Created by a session that has not recorded the version yet.
+		if _, err := c.ExecContext(ctx, s.q.record, schemaVersion); err != nil {
+			return err
+		}
+		err = c.QueryRowContext(ctx, s.q.version).Scan(&version)
+	}
+	switch {
+	case err != nil:
+		return err
+	case version != schemaVersion:
+		return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
+			ErrSchemaVersion, schema, version, schemaVersion)
 	}
 	return nil
+}
+
+// tablesPresent reads which of the session's tables exist.
+func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[string]bool, error) {
+	t := s.q.tables
+	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4])
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	present := make(map[string]bool)
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, err
+		}
+		present[name] = true
+	}
+	return present, rows.Err()
+}
+
+// ddl runs a CREATE TABLE IF NOT EXISTS. On a Galera cluster several
+// sessions creating the tables at once can meet as certification conflicts
+// (1213), which roll the statement back: it runs again.
+func (s *Session) ddl(ctx context.Context, c *connpool.Conn, stmt string) error {
+	_, err := retryRolledBack(ctx, func() (sql.Result, error) { return c.ExecContext(ctx, stmt) })
+	return err
 }
 
 // randomID returns a random positive lease id: ids never repeat in
@@ -453,7 +535,18 @@ func (s *Session) end(err error) bool {
 // two clocks running at slightly different rates.
 func (s *Session) safetyMargin() time.Duration { return s.opts.ttl / 5 }
 
-// keepAlive renews the lease every TTL/3. A renewal sent at local time t
+// renewEvery is how often the lease is renewed: every TTL/3, and at least
+// every maxRenewEvery. The session gives up on its lease TTL-TTL/5 after the
+// last renewal that succeeded was sent, so a stall of the database (every
+// statement waiting, as all commits of a Galera cluster do for about 6s
+// until a crashed node is evicted) loses no session when it is shorter
+// than 0.8*TTL - renewEvery: 10s for the default TTL of 15s.
+func (s *Session) renewEvery() time.Duration { return min(s.opts.ttl/3, maxRenewEvery) }
+
+// maxRenewEvery bounds the renewal period of long TTLs (see renewEvery).
+const maxRenewEvery = 2 * time.Second
+
+// keepAlive renews the lease every renewEvery. A renewal sent at local time t
 // makes the lease end no earlier than t+TTL on the server (the server reads
 // its clock after receiving it), so until t+TTL-margin no other session can
 // take this session's locks. Failed renewals are retried until that local
@@ -462,7 +555,8 @@ func (s *Session) keepAlive() {
 	defer close(s.renewer)
 	ttl := s.opts.ttl
 	lastSent := s.origin
-	timer := time.NewTimer(max(time.Until(lastSent.Add(ttl/3)), 0))
+	every := s.renewEvery()
+	timer := time.NewTimer(max(time.Until(lastSent.Add(every)), 0))
 	defer timer.Stop()
 	for {
 		select {
@@ -482,7 +576,7 @@ func (s *Session) keepAlive() {
 		case err == nil:
 			lastSent = sent
 			s.deadline.Store(int64(sent.Sub(s.origin) + ttl - s.safetyMargin()))
-			timer.Reset(max(time.Until(lastSent.Add(ttl/3)), 0))
+			timer.Reset(max(time.Until(lastSent.Add(every)), 0))
 		case errors.Is(err, errLeaseEnded):
 			s.lose(err)
 			return
@@ -632,7 +726,11 @@ func (s *Session) reap() {
 func (s *Session) purge() {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
 	defer cancel()
-	var tickets []int64
+	type ticket struct {
+		name string
+		seq  int64
+	}
+	var tickets []ticket
 	_, err := s.exec(ctx, sLeasePurge)
 	if err == nil {
 		err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
@@ -646,8 +744,8 @@ func (s *Session) purge() {
 			}
 			defer rows.Close()
 			for rows.Next() {
-				var t int64
-				if err := rows.Scan(&t); err != nil {
+				var t ticket
+				if err := rows.Scan(&t.name, &t.seq); err != nil {
 					return err
 				}
 				tickets = append(tickets, t)
@@ -659,7 +757,7 @@ func (s *Session) purge() {
 		if err != nil {
 			break
 		}
-		_, err = s.exec(ctx, sTicketPurge, t)
+		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq)
 	}
 	if err != nil {
 		s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
@@ -783,14 +881,28 @@ func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Re
 	return res, err
 }
 
-// retryRolledBack runs a single autocommit statement, again while a
-// deadlock (1213) or a lock wait timeout (1205) rolled it back, up to
-// maxRetries times and while ctx lasts.
+// retryRolledBack runs a single autocommit statement (or dsync's own one
+// transaction) again while a server error says it had no effect (see
+// rolledBack: a deadlock or certification conflict, a lock wait timeout, a
+// Galera node not ready), up to maxRetries times and while ctx lasts. From
+// the second retry on it first waits a random time that doubles each time
+// (1ms, 2ms, ... up to 64ms), so that statements that conflicted on a
+// cluster do not meet again at once.
 func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.Result, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := run()
-		if !isErrNo(err, 1213, 1205) || attempt == maxRetries || ctx.Err() != nil {
+		if !isErrNo(err, rolledBack...) || attempt == maxRetries || ctx.Err() != nil {
 			return res, err
+		}
+		if attempt > 0 {
+			d := rand.N(time.Millisecond << min(attempt, 6))
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return res, err
+			}
 		}
 	}
 }
@@ -807,9 +919,9 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 	var res sql.Result
 	var err error
 	if fast {
-		res, err = s.exec(ctx, sLockAcquireFast, s.id, token, name)
+		res, err = s.exec(ctx, sLockAcquireFast, s.id, token, name, s.id)
 	} else {
-		res, err = s.exec(ctx, sLockAcquire, name, s.id, token, -s.id, token, s.id)
+		res, err = s.exec(ctx, sLockAcquire, name, s.id, token, s.id, -s.id, token, s.id)
 	}
 	if err != nil {
 		if !connpool.Reusable(err) || ctx.Err() != nil {

@@ -1,0 +1,172 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// TestMissingTableCreatedAgain checks that NewSession creates a table that
+// is missing beside ones that exist (TestNewSessionRunsNoDDLWhenTablesExist
+// checks that it runs no DDL when none is missing).
+func TestMissingTableCreatedAgain(t *testing.T) {
+	db := dbtest.Open(t)
+	prefix := freshPrefix("missing")
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatalf("Close: got %v; want <nil>", err)
+	}
+	if _, err := db.Exec("DROP TABLE `" + prefix + "ticket`"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatalf("Close: got %v; want <nil>", err)
+	}
+	var n int
+	if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + "ticket`").Scan(&n); err != nil {
+		t.Fatalf("the dropped ticket table after NewSession: got %v; want it created again", err)
+	}
+}
+
+// TestSchemaVersion checks that NewSession refuses tables of another
+// schema version, and tables from before the version record, with
+// ErrSchemaVersion, and leaves them as they are.
+func TestSchemaVersion(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+
+	prefix := freshPrefix("schemav")
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatalf("Close: got %v; want <nil>", err)
+	}
+	var version int
+	if err := db.QueryRow("SELECT version FROM `" + prefix + "schema`").Scan(&version); err != nil {
+		t.Fatalf("the recorded schema version: got %v; want a row", err)
+	}
+	if version < 2 {
+		t.Fatalf("recorded schema version: got %d; want at least 2", version)
+	}
+	if _, err := db.Exec("UPDATE `"+prefix+"schema` SET version = ?", version+1); err != nil {
+		t.Fatal(err)
+	}
+	s, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(prefix))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables of version %d: got %v; want ErrSchemaVersion", version+1, err)
+	}
+	t.Logf("newer tables: %v", err)
+
+	// The tables of dsync before the version record: no schema table, and
+	// the ticket table numbered by AUTO_INCREMENT.
+	old := freshPrefix("schemav1")
+	for _, q := range []string{
+		"CREATE TABLE `" + old + "lease` (id BIGINT NOT NULL PRIMARY KEY, label VARCHAR(255) NOT NULL, created_at DATETIME(6) NOT NULL, expires_at DATETIME(6) NOT NULL)",
+		"CREATE TABLE `" + old + "lock` (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL DEFAULT 0, token BIGINT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0)",
+		"CREATE TABLE `" + old + "queue` (name VARBINARY(255) NOT NULL PRIMARY KEY, fence BIGINT NOT NULL DEFAULT 0, ahead BIGINT NOT NULL DEFAULT 0)",
+		"CREATE TABLE `" + old + "ticket` (ticket BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, name VARBINARY(255) NOT NULL, holder BIGINT NOT NULL, token BIGINT NOT NULL, mode TINYINT NOT NULL)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err = dsync.NewSession(bg, db, dsync.WithTablePrefix(old))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables without a version record: got %v; want ErrSchemaVersion", err)
+	}
+	t.Logf("older tables: %v", err)
+	var tables int
+	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?",
+		old+"%").Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 4 {
+		t.Errorf("tables of the old prefix after the refused NewSession: got %d; want the 4 it had", tables)
+	}
+}
+
+// TestTicketNumberedAfterBlockingEnqueue checks the single-server enqueue's
+// numbering against a stale read: an enqueue that waited for the name's row
+// behind another transaction's enqueue must number its ticket above the
+// ticket that transaction committed. (Were the highest ticket read before
+// the wait, it could reuse the number of a ticket deleted meanwhile and
+// jump the line.)
+func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t)
+	name := lockName(t)
+	fm := dsync.NewFairMutex(s, name)
+	if err := fm.Lock(bg); err != nil { // creates the name's row
+		t.Fatalf("Lock: got %v; want <nil>", err)
+	}
+	var first int64
+	if err := db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ?", name).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if err := fm.Unlock(bg); err != nil {
+		t.Fatalf("Unlock: got %v; want <nil>", err)
+	}
+
+	tx, err := db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("SELECT name FROM dsync_queue WHERE name = ? FOR UPDATE", name); err != nil {
+		t.Fatal(err)
+	}
+	// A ticket of no lease (dead, so it blocks nobody) far above the first.
+	planted := first + 1000
+	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, 0, 1)", name, planted); err != nil {
+		t.Fatal(err)
+	}
+	locked, unlock, errc := make(chan error, 1), make(chan struct{}), make(chan error, 1)
+	go func() {
+		err := fm.Lock(bg)
+		locked <- err
+		if err == nil {
+			<-unlock
+			errc <- fm.Unlock(bg)
+		}
+	}()
+	// Wait until the enqueue is blocked on the row, then commit.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		var waiting int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE INFO LIKE 'INSERT INTO %dsync_ticket%FOR UPDATE'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the enqueue never waited for the name's row")
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatalf("Lock behind the other enqueue: got %v; want <nil>", err)
+	}
+	var mine int64
+	err = db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&mine)
+	close(unlock)
+	if uerr := <-errc; uerr != nil {
+		t.Errorf("Unlock: got %v; want <nil>", uerr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mine <= planted {
+		t.Errorf("ticket of the enqueue that waited: got %d; want above the committed %d", mine, planted)
+	}
+}
