@@ -16,6 +16,10 @@ import (
 // use, and any number of Mutex values may name the same lock: within one
 // Session they share one in-process state, and goroutines of the process
 // queue locally, so only one of them at a time waits on the database.
+// Waiters of different sessions are not served in order, but one that has
+// waited 100ms claims the next hold, so neither the holder's process
+// (releasing and re-acquiring at once) nor faster pollers can overtake it
+// for ever; use [FairMutex] for strict order.
 //
 // Each acquisition gets a fencing token ([Mutex.Fence]) greater than that of
 // every earlier acquisition of the name. Hand it to the resources the lock
