@@ -267,12 +267,12 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// a ticket is numbered only on a node that has applied every lower one
 	// (it read the counter they set, in the transaction that inserted them).
 	// qTicketNumber: args name, name; LastInsertId: the new number; 0 rows
-	// changed: the per-name row is missing. qTicketAdd: args name, lease id,
-	// token, mode (the number is the LAST_INSERT_ID of qTicketNumber).
+	// changed: the per-name row is missing. qTicketAdd: args name, ticket,
+	// lease id, token, mode (the ticket is the LastInsertId of qTicketNumber).
 	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(GREATEST(seq,
   COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ?), 0)) + 1)
 WHERE name = ?`
-	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, LAST_INSERT_ID(), ?, ?, ?)`
+	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, ?)`
 
 	// qTicketTake takes the lock for an exclusive ticket when no live ticket
 	// is ahead of it, and with it the next fence. Args: ticket, name. It

@@ -360,7 +360,12 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 // connection, and sets the first deadline.
 func (s *Session) start(ctx context.Context) error {
 	return s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
-		if err := s.createTables(ctx, c); errors.Is(err, ErrSchemaVersion) {
+		// On a Galera cluster the DDL of sessions creating the tables at
+		// once, and the version record, can meet as certification
+		// conflicts (1213), which roll a statement back: all of it runs
+		// again, and finds what the others created.
+		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, s.createTables(ctx, c) })
+		if errors.Is(err, ErrSchemaVersion) {
 			return err
 		} else if err != nil {
 			return fmt.Errorf("dsync: prepare tables: %w", err)
@@ -414,7 +419,7 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 		if present[table] {
 			continue
 		}
-		if err := s.ddl(ctx, c, s.q.creates[i]); err != nil {
+		if _, err := c.ExecContext(ctx, s.q.creates[i]); err != nil {
 			return err
 		}
 		if i == 0 {
@@ -459,14 +464,6 @@ func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[stri
 		present[name] = true
 	}
 	return present, rows.Err()
-}
-
-// ddl runs a CREATE TABLE IF NOT EXISTS. On a Galera cluster several
-// sessions creating the tables at once can meet as certification conflicts
-// (1213), which roll the statement back: it runs again.
-func (s *Session) ddl(ctx context.Context, c *connpool.Conn, stmt string) error {
-	_, err := retryRolledBack(ctx, func() (sql.Result, error) { return c.ExecContext(ctx, stmt) })
-	return err
 }
 
 // randomID returns a random positive lease id: ids never repeat in
