@@ -187,9 +187,13 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			if claimed.IsZero() || time.Since(claimed) >= claimFor/3 {
 				if m.claim(ctx) {
 					claimed = time.Now()
+				} else {
+					claimed = time.Time{} // another waiter's claim is current
 				}
 			}
-			d = min(d, claimPoll)
+			if !claimed.IsZero() {
+				d = min(d, claimPoll) // only the claimant polls fast
+			}
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
@@ -206,20 +210,6 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 	}
 }
 
-// Unlock releases one hold of the lock. With an owner in ctx it undoes one
-// Lock of that owner and frees the lock when the last is undone. ctx bounds
-// the release statement: when ctx ends first (or had ended), Unlock returns
-// an error wrapping ctx.Err(), and the session frees the row in the
-// background at once, by this acquisition's token, so it never touches a
-// later hold. Pass a ctx without a deadline (context.Background()) to save
-// the driver the cost of watching it.
-//
-// It returns [ErrNotHeld] when this process does not hold the lock,
-// [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
-// [ErrSessionClosed] when the session has ended (the lock is then gone
-// anyway), ctx's error, or a database error; after either of the last two
-// the hold is over in this process and the session frees the row in the
-// background.
 // Starving waiters (see qCreateLock): a Lock that has waited starveAfter
 // claims the next hold of the lock for claimFor, renewing its claim while
 // it waits, and polls every claimPoll. The claim bounds how long a waiter
@@ -258,6 +248,20 @@ func (m *Mutex) unclaim(ctx context.Context) {
 	}
 }
 
+// Unlock releases one hold of the lock. With an owner in ctx it undoes one
+// Lock of that owner and frees the lock when the last is undone. ctx bounds
+// the release statement: when ctx ends first (or had ended), Unlock returns
+// an error wrapping ctx.Err(), and the session frees the row in the
+// background at once, by this acquisition's token, so it never touches a
+// later hold. Pass a ctx without a deadline (context.Background()) to save
+// the driver the cost of watching it.
+//
+// It returns [ErrNotHeld] when this process does not hold the lock,
+// [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
+// [ErrSessionClosed] when the session has ended (the lock is then gone
+// anyway), ctx's error, or a database error; after either of the last two
+// the hold is over in this process and the session frees the row in the
+// background.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.err

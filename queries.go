@@ -313,12 +313,15 @@ WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.exp
 	// DELETE with this condition would lock its way through the whole
 	// table, waiting behind every ticket being written and making lock
 	// traffic wait behind it.)
-	qTicketsOrphaned = `SELECT t.name, t.seq FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
+	qTicketsOrphaned = `SELECT t.name, t.seq, t.holder FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
 WHERE l.id IS NULL LIMIT 1000`
 
 	// qTicketPurge removes one ticket of a lease that is gone. Args: name,
-	// ticket.
-	qTicketPurge = `DELETE FROM {ticket} WHERE name = ? AND seq = ?`
+	// ticket, lease id. The lease id matters: on a single server a number
+	// comes again once the tickets above it are gone, so between the listing
+	// and the delete the number can belong to a live ticket of another
+	// lease (lease ids are random and never reused).
+	qTicketPurge = `DELETE FROM {ticket} WHERE name = ? AND seq = ? AND holder = ?`
 )
 
 // notAtHead is qTicketTake's answer for a ticket with live tickets ahead.

@@ -108,7 +108,9 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		}
 		switch {
 		case err != nil:
-			if !connpool.Reusable(err) || ctx.Err() != nil {
+			// On a cluster a COMMIT that failed otherwise than by a
+			// conflict (a node losing quorum) may still have committed.
+			if !connpool.Reusable(err) || ctx.Err() != nil || (s.galera && !isErrNo(err, rolledBack...)) {
 				s.undo(ctx, orphan{name: name, token: token, ticket: true})
 			}
 			return 0, err
@@ -175,7 +177,10 @@ func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() erro
 	}
 	if connpool.Reusable(err) {
 		if _, rerr := c.ExecContext(ctx, "ROLLBACK"); rerr != nil {
-			return rerr
+			// Not a server error (%v, not %w): the connection, whose
+			// transaction may still be open, is discarded, and nothing
+			// retries on it.
+			return fmt.Errorf("dsync: roll back an enqueue: %v (after %v)", rerr, err)
 		}
 	}
 	return err

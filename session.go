@@ -724,8 +724,8 @@ func (s *Session) purge() {
 	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
 	defer cancel()
 	type ticket struct {
-		name string
-		seq  int64
+		name        string
+		seq, holder int64
 	}
 	var tickets []ticket
 	_, err := s.exec(ctx, sLeasePurge)
@@ -742,7 +742,7 @@ func (s *Session) purge() {
 			defer rows.Close()
 			for rows.Next() {
 				var t ticket
-				if err := rows.Scan(&t.name, &t.seq); err != nil {
+				if err := rows.Scan(&t.name, &t.seq, &t.holder); err != nil {
 					return err
 				}
 				tickets = append(tickets, t)
@@ -754,7 +754,7 @@ func (s *Session) purge() {
 		if err != nil {
 			break
 		}
-		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq)
+		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
 	}
 	if err != nil {
 		s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
