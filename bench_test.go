@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,5 +212,81 @@ func benchHandoff(b *testing.B, newLock func(*dsync.Session) (lock, unlock func(
 		slices.Sort(samples)
 		b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "handoff-p50-ms")
 		b.ReportMetric(float64(samples[len(samples)*99/100].Microseconds())/1000, "handoff-p99-ms")
+	}
+}
+
+// BenchmarkMutexContended4Sessions has 4 sessions (each on its own
+// *sql.DB, as 4 processes would be) loop Lock+Unlock on one Mutex, and
+// reports the share of acquisitions that changed hands between sessions,
+// the longest wait in Lock, and the handoff latency (a release by one
+// session until another returns from Lock).
+func BenchmarkMutexContended4Sessions(b *testing.B) {
+	const sessions = 4
+	ctx := context.Background()
+	name := lockName(b)
+	var mus []*dsync.Mutex
+	for i := 0; i < sessions; i++ {
+		mus = append(mus, dsync.NewMutex(newSession(b), name))
+	}
+	var (
+		mu          sync.Mutex
+		remaining   = b.N
+		last        = -1
+		lastRelease time.Time
+		changed     int
+		longest     time.Duration
+		handoffs    []time.Duration
+		holders     atomic.Int32
+		violations  atomic.Int32
+	)
+	b.ResetTimer()
+	var g errgroup.Group
+	for i, m := range mus {
+		g.Go(func() error {
+			for {
+				start := time.Now()
+				if err := m.Lock(ctx); err != nil {
+					return err
+				}
+				now := time.Now()
+				if holders.Add(1) != 1 {
+					violations.Add(1)
+				}
+				mu.Lock()
+				longest = max(longest, now.Sub(start))
+				if last != -1 && last != i {
+					changed++
+					handoffs = append(handoffs, now.Sub(lastRelease))
+				}
+				last = i
+				done := remaining <= 0
+				remaining--
+				mu.Unlock()
+				holders.Add(-1)
+				mu.Lock()
+				lastRelease = time.Now()
+				mu.Unlock()
+				if err := m.Unlock(ctx); err != nil {
+					return err
+				}
+				if done {
+					return nil
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	if v := violations.Load(); v != 0 {
+		b.Fatalf("%d violations: two holders at once", v)
+	}
+	b.ReportMetric(float64(changed)/float64(b.N), "changed-hands")
+	b.ReportMetric(float64(longest.Microseconds())/1000, "longest-wait-ms")
+	if len(handoffs) > 0 {
+		slices.Sort(handoffs)
+		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
+		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
 	}
 }

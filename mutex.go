@@ -131,6 +131,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
 	l.mu.Lock()
 	l.take(owner, fence, token)
 	l.mu.Unlock()
+	m.s.armBell()
 	return true, nil // the reference from ref now belongs to the hold
 }
 
@@ -143,11 +144,12 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 	var b backoff.BackOff
 	var timer *time.Timer
 	var started, claimed time.Time // when this call began waiting, and last claimed
+	var bells bellState            // see awaitBell
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
-		if !claimed.IsZero() && fence == 0 {
+		if (!claimed.IsZero() || bells.wanted) && fence == 0 {
 			m.unclaim(ctx)
 		}
 	}()
@@ -172,6 +174,17 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			return 0, 0, err
 		case err != nil:
 			m.s.logger.Debug("dsync: acquire failed; retrying", "name", m.name, "err", err)
+		}
+		if err == nil && m.awaitBell(ctx, &bells) {
+			// Woken by the holder's doorbell, or it timed out, or nobody
+			// holds the lock now: try again at once.
+			if err := ctx.Err(); err != nil {
+				return 0, 0, err
+			}
+			if err := m.s.Err(); err != nil {
+				return 0, 0, err
+			}
+			continue
 		}
 		if b == nil {
 			b = m.s.opts.newBackOff()
@@ -223,6 +236,8 @@ const (
 	starveAfter = 100 * time.Millisecond
 	claimFor    = 300 * time.Millisecond
 	claimPoll   = 2 * time.Millisecond
+
+	unclaimWithin = 250 * time.Millisecond
 )
 
 // claim claims the next hold for this session, or renews its claim, and
@@ -237,12 +252,12 @@ func (m *Mutex) claim(ctx context.Context) bool {
 }
 
 // unclaim drops this session's claim when its Lock gives up without the
-// lock. When ctx has ended, or that fails, the claim simply lapses after
-// claimFor.
+// lock, also when ctx has ended (a doorbell waiter's claim is long), within
+// unclaimWithin. When that fails, the claim lapses after claimFor, or
+// bellWait for a doorbell waiter.
 func (m *Mutex) unclaim(ctx context.Context) {
-	if ctx.Err() != nil {
-		return
-	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
+	defer cancel()
 	if _, err := m.s.exec(ctx, sLockUnclaim, m.name, m.s.id); err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "name", m.name, "err", err)
 	}

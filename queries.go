@@ -21,12 +21,14 @@ const (
 	// expires_at is on the server's UTC clock; a lease is live while
 	// expires_at > UTC_TIMESTAMP(6). id is chosen at random by the session
 	// (never AUTO_INCREMENT, which can go back and hand a new session the id
-	// of a crashed one, with its stranded locks).
+	// of a crashed one, with its stranded locks). bell is the generation of
+	// the session's doorbell (see bell.go), 0 while it has none.
 	qCreateLease = `CREATE TABLE IF NOT EXISTS {lease} (
   id         BIGINT       NOT NULL PRIMARY KEY,
   label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
   created_at DATETIME(6)  NOT NULL,
   expires_at DATETIME(6)  NOT NULL,
+  bell       BIGINT       NOT NULL DEFAULT 0,
   KEY expires_at_idx (expires_at)
 ) ENGINE=InnoDB`
 
@@ -44,14 +46,19 @@ const (
 	// claimed_until (server UTC) no other session takes the row when it
 	// falls free, so a waiter, on another node of a cluster or behind a
 	// process that releases and re-acquires at once, is not overtaken for
-	// ever. Any acquisition clears the claim.
+	// ever. Any acquisition clears the claim. A claim whose session has
+	// ended counts for nothing.
+	//
+	// wanted_until (server UTC) says that sessions wait for the lock until
+	// then: a release before it rings the holder's doorbell (see bell.go).
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name          VARBINARY(255) NOT NULL PRIMARY KEY,
   holder        BIGINT         NOT NULL DEFAULT 0,
   token         BIGINT         NOT NULL DEFAULT 0,
   fence         BIGINT         NOT NULL DEFAULT 0,
   waiter        BIGINT         NOT NULL DEFAULT 0,
-  claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
+  claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  wanted_until  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
 ) ENGINE=InnoDB`
 )
 
@@ -103,8 +110,9 @@ const (
 )
 
 // schemaVersion is the version of the tables this code reads and writes.
-// Version 1 (no version record) numbered tickets with AUTO_INCREMENT.
-const schemaVersion = 2
+// Version 1 (no version record) numbered tickets with AUTO_INCREMENT;
+// version 2 had no doorbells (lease.bell, lock.wanted_until).
+const schemaVersion = 3
 
 // qFenceSeed is the first fence of a row created anew: the server's UTC
 // clock in microseconds since 1970. A name's earlier row, if an operator
@@ -212,7 +220,9 @@ VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
 ON DUPLICATE KEY UPDATE
   holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
                           WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))
-              AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)),
+              AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+                   OR NOT EXISTS (SELECT 1 FROM {lease} w
+                                  WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6))),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   token = IF(holder < 0, ?, token),
@@ -235,8 +245,61 @@ WHERE name = ? AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
 	// this acquisition. Idempotent, so it also undoes an acquire whose
 	// outcome is unknown. Args: name, lease id, token. RowsAffected 1: freed;
 	// 0: this acquisition did not hold it (never landed, or lost).
-	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0
+	// LastInsertId 1 when it freed the row while sessions wait for it
+	// (wanted_until): the releaser then rings its doorbell.
+	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(wanted_until > UTC_TIMESTAMP(6))
 WHERE name = ? AND holder = ? AND token = ?`
+
+	// qLockWant says that this session waits for the lock (see
+	// wanted_until), and claims its next hold unless another waiter's claim
+	// is current (or renews its own). Args: want length in microseconds,
+	// lease id, lease id, lease id, claim length in microseconds, name. The assignments run left to
+	// right: waiter is decided on the old claimed_until, then claimed_until
+	// is set when the claim is this session's.
+	qLockWant = `UPDATE {lock} SET
+  wanted_until = GREATEST(wanted_until, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND),
+  waiter = IF(waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+              OR NOT EXISTS (SELECT 1 FROM {lease} w
+                             WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6)), ?, waiter),
+  claimed_until = IF(waiter = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, claimed_until)
+WHERE name = ?`
+
+	// qLockBell names the session a waiter of the lock waits on, and the
+	// generation of its doorbell: the live holder, else the live waiter
+	// whose claim is current (it takes the lock next), never the asking
+	// session, and how long that session's lease has left in microseconds
+	// (a waiter blocks no longer: a holder that stopped renewing, paused or
+	// cut off, never rings). Args: name, lease id. No row: nobody live has
+	// the lock or a claim on it; try to take it at once. bell 0: that
+	// session has no doorbell; poll.
+	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
+  ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6), k.waiter, 0))
+WHERE k.name = ? AND l.id <> ? AND l.expires_at > UTC_TIMESTAMP(6)
+ORDER BY l.id = k.holder DESC LIMIT 1`
+)
+
+// Doorbell statements (see bell.go). GET_LOCK names are per server (not per
+// database) and at most 64 characters: "dsync:" and the lease id and
+// generation in hexadecimal.
+const (
+	// qLeaseBell publishes the generation of the session's doorbell.
+	// Args: generation, lease id.
+	qLeaseBell = `UPDATE {lease} SET bell = ? WHERE id = ?`
+
+	// qBellTake takes the first doorbell of a session. Args: its name.
+	// Result 1: taken.
+	qBellTake = `SELECT GET_LOCK(?, 0)`
+
+	// qBellRing takes the session's next doorbell and rings the current
+	// one: whoever waits on it (qBellWait) wakes. Args: next name, current
+	// name. Result: 1 when the next one was taken.
+	qBellRing = `SELECT GET_LOCK(?, 0) + 0 * COALESCE(RELEASE_LOCK(?), 0)`
+
+	// qBellWait waits until a doorbell rings (or is already rung, or its
+	// session's connection went away), at most timeout seconds, and lets
+	// it go at once. Args: name, timeout in seconds (fractional), name. Result 1: rung;
+	// 0: timed out.
+	qBellWait = `SELECT IF(GET_LOCK(?, ?) = 1, RELEASE_LOCK(?), 0)`
 )
 
 // Queued lock statements.
@@ -288,6 +351,32 @@ WHERE name = ?`
                      WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)),
              fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ?`
+
+	// qTicketRelease removes the ticket of a hold that is over (Unlock,
+	// RUnlock) and the marker that a waiter behind it left (qTicketWant).
+	// Args: name, lease id, token, -ticket. RowsAffected 2: a waiter
+	// waits on this session's doorbell; ring it.
+	qTicketRelease = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?) OR (seq = ? AND holder = 0))`
+
+	// qTicketAhead finds the nearest live ticket ahead of a waiting one
+	// that it conflicts with (see qTicketConflicts), its session's doorbell
+	// and how long that session's lease has left in microseconds: the
+	// waiter blocks on that doorbell (see bell.go). Args: name, ticket,
+	// mode. No row: nothing conflicting is ahead.
+	qTicketAhead = `SELECT t.seq, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
+ORDER BY t.seq DESC LIMIT 1`
+
+	// qTicketWant leaves a marker behind a ticket (seq -ticket, holder 0,
+	// never live, so every check skips it) that says a waiter waits for it:
+	// its release (qTicketRelease) deletes the marker too and rings. It
+	// locks the ticket it reads, so a release either comes after it and
+	// finds the marker, or came before and the ticket is gone. Args: name,
+	// ticket. LastInsertId 1: the ticket was there (marker left, or left
+	// already by another waiter); 0: it is gone, check again at once.
+	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
+SELECT t.name, -t.seq, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
@@ -354,6 +443,15 @@ const (
 	sLeasePurge
 	sTicketPurge
 	sTicketsOrphaned
+	sLockWant
+	sLockBell
+	sLeaseBell
+	sBellTake
+	sBellRing
+	sBellWait
+	sTicketRelease
+	sTicketAhead
+	sTicketWant
 	numStmts
 )
 
@@ -394,5 +492,14 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLeasePurge] = r.Replace(qLeasePurge)
 	q.prepared[sTicketPurge] = r.Replace(qTicketPurge)
 	q.prepared[sTicketsOrphaned] = r.Replace(qTicketsOrphaned)
+	q.prepared[sLockWant] = r.Replace(qLockWant)
+	q.prepared[sLockBell] = r.Replace(qLockBell)
+	q.prepared[sLeaseBell] = r.Replace(qLeaseBell)
+	q.prepared[sBellTake] = qBellTake
+	q.prepared[sBellRing] = qBellRing
+	q.prepared[sBellWait] = qBellWait
+	q.prepared[sTicketRelease] = r.Replace(qTicketRelease)
+	q.prepared[sTicketAhead] = r.Replace(qTicketAhead)
+	q.prepared[sTicketWant] = r.Replace(qTicketWant)
 	return q
 }

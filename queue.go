@@ -41,7 +41,8 @@ type localQueue struct {
 	mu   sync.Mutex
 	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
 
-	hold // guarded by mu; the exclusive hold of this process, if any
+	hold         // guarded by mu; the exclusive hold of this process, if any
+	ticket int64 // guarded by mu; the exclusive hold's ticket number
 
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
@@ -259,6 +260,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 	}
 	var b backoff.BackOff
 	var timer *time.Timer
+	var rang bellRef // the doorbell last waited on (see awaitTicketBell)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -277,6 +279,17 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 			return 0, false, s.Err()
 		case err != nil && (!wait || !retryable(err)):
 			return 0, false, err
+		}
+		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &rang) {
+			// Woken by the doorbell of the ticket ahead, or it timed out,
+			// or the line moved: check again at once.
+			if err := ctx.Err(); err != nil {
+				return 0, false, err
+			}
+			if err := s.Err(); err != nil {
+				return 0, false, err
+			}
+			continue
 		}
 		// Poll again sooner the closer to the head: every 2ms per holder or
 		// waiter ahead, but never slower than the back-off policy says.
@@ -367,6 +380,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 		// or a lease lost while the check ran): then the hold is worth
 		// nothing, and the lock must not be reported held.
 		if err = s.Err(); err == nil {
+			s.armBell()
 			return w, fence, nil
 		}
 	}
@@ -377,15 +391,20 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	return nil, 0, err
 }
 
-// deleteTicket removes the ticket of token; if that fails (ctx ended, or
-// the database did not answer) the reaper goroutine removes it at once.
-func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
-	o := orphan{name: name, token: token, ticket: true}
-	_, err := s.free(ctx, o)
+// deleteTicket removes the ticket (number ticket, of token) of a hold that
+// is over, and rings the doorbell when a waiter left a marker behind it;
+// if that fails (ctx ended, or the database did not answer) the reaper
+// goroutine removes it at once.
+func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token int64) error {
+	res, err := s.exec(ctx, sTicketRelease, name, s.id, token, -ticket)
 	if err != nil {
-		s.addOrphan(o)
+		s.addOrphan(orphan{name: name, token: token, ticket: true})
+		return err
 	}
-	return err
+	if n, _ := res.RowsAffected(); n > 1 {
+		s.ringBell()
+	}
+	return nil
 }
 
 // queued is what FairMutex and RWMutex have in common: a name in the
@@ -447,6 +466,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 	}
 	lq.mu.Lock()
 	lq.take(owner, fence, w.token)
+	lq.ticket = w.ticket
 	lq.mu.Unlock()
 	return true, nil // the reference now belongs to the hold
 }
@@ -480,6 +500,7 @@ func (q *queued) unlock(ctx context.Context) error {
 		return q.notHeld("unlock")
 	}
 	lq.mu.Lock()
+	ticket := lq.ticket
 	token, err := lq.drop(ownerOf(ctx))
 	lq.mu.Unlock()
 	switch {
@@ -490,16 +511,16 @@ func (q *queued) unlock(ctx context.Context) error {
 	case token == 0:
 		return nil // holds of the owner remain
 	}
-	return q.release(ctx, lq, token, "unlock")
+	return q.release(ctx, lq, ticket, token, "unlock")
 }
 
 // release removes the ticket of a hold that is over and drops its reference.
-func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op string) error {
+func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
 	if err := q.s.Err(); err != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
 	}
-	err := q.s.deleteTicket(ctx, q.name, token)
+	err := q.s.deleteTicket(ctx, q.name, ticket, token)
 	lq.kickFront()
 	if err != nil && q.s.Err() != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, q.s.Err()) // the lock ends with the lease

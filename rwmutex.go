@@ -201,5 +201,5 @@ func (q *queued) runlock(ctx context.Context) error {
 	}
 	lq.reads = lq.reads[:len(lq.reads)-1]
 	lq.mu.Unlock()
-	return q.release(ctx, lq, hold.token, "runlock")
+	return q.release(ctx, lq, hold.ticket, hold.token, "runlock")
 }

@@ -165,6 +165,8 @@ type Session struct {
 	locks   registry[localLock]  // in-process state of the Mutex names in use
 	queues  registry[localQueue] // the same for FairMutex and RWMutex names
 	orphans []orphan             // guarded by mu; rows to free in the background
+	bell    doorbell             // this session's doorbell (see bell.go)
+	waiters bellWaiter           // connections that wait on other sessions' doorbells
 }
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -340,6 +342,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		renewer: make(chan struct{}),
 		reaper:  make(chan struct{}),
 		kick:    make(chan struct{}, 1),
+		bell:    doorbell{ring: make(chan struct{}, 1), done: make(chan struct{})},
 	}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -620,6 +623,7 @@ func (s *Session) lose(cause error) {
 	if s.end(ErrSessionExpired) {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "session", s.id, "cause", cause)
 		s.stop()
+		s.waiters.closeIdle()
 		s.release.Do(func() { releasePool(s.db, s.q) })
 	}
 }
@@ -805,6 +809,7 @@ func (s *Session) Close() error {
 	s.stop()
 	<-s.renewer
 	<-s.reaper
+	s.stopBell()
 	defer s.release.Do(func() { releasePool(s.db, s.q) })
 	if lost {
 		return nil
@@ -966,9 +971,21 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 }
 
 // releaseRow frees the row for name if this acquisition (token) holds it,
-// and reports whether it did.
+// and reports whether it did, and whether sessions wait for it (then it
+// rings the doorbell).
 func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
-	return s.free(ctx, orphan{name: name, token: token})
+	res, err := s.exec(ctx, sLockRelease, name, s.id, token)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return false, err
+	}
+	if wanted, _ := res.LastInsertId(); wanted == 1 {
+		s.ringBell()
+	}
+	return true, nil
 }
 
 // execChanged runs a prepared statement and reports whether it changed a
