@@ -35,4 +35,47 @@
 //
 // Mutex has a lock space of its own; FairMutex and RWMutex share another,
 // in which a FairMutex is the write side of the RWMutex of the same name.
+//
+// # Statistics
+//
+// [Session.Stats] counts a session's holds, waiters, acquisitions, waits,
+// renewals and orphans without a database call; publish it with expvar or
+// any metrics library (see the example of Session.Stats).
+//
+// # Logging
+//
+// A session logs to the [log/slog] logger of [WithLogger] (by default
+// nowhere). Every record has the attribute session, the lease id
+// ([Session.ID]); the others use these keys, each always with the same
+// meaning and type:
+//
+//	lock         string         the lock name
+//	kind         string         the lock space: "mutex" (Mutex) or "queue" (FairMutex, RWMutex)
+//	op           string         the call: "lock" (Lock of any kind) or "rlock" (RLock)
+//	err          error          what failed
+//	waited       time.Duration  from the call to its return
+//	acquired     bool           the call returned holding the lock
+//	attempt      int            renewals failed in a row, this one included
+//	deadline_in  time.Duration  time left before the session gives up on its lease
+//	token        int64          the acquisition token of an orphan (the token column)
+//	age          time.Duration  how long ago the orphan was recorded
+//
+// The records:
+//
+//	WARN  "dsync: waited long for a lock"            lock kind op waited acquired [err]
+//	WARN  "dsync: lease renewal failed; retrying"    err attempt deadline_in
+//	ERROR "dsync: session lost; its locks may belong to others now"  err
+//	INFO  "dsync: orphan freed"                      lock kind token age
+//	DEBUG "dsync: orphan not found; given up"        lock kind token age
+//	DEBUG "dsync: acquire failed; retrying"          lock kind err
+//	DEBUG "dsync: claim failed", "dsync: unclaim failed"  lock kind err
+//	DEBUG "dsync: purge failed"                      err
+//
+// A Lock or RLock that waited (see [Stats]) at least the session's TTL is
+// logged when it returns, with the lock or without it (err). A renewal
+// that failed is retried until the session gives up on its lease: then
+// the session is lost. An orphan is a lock row or ticket that the session
+// frees in the background (see [Mutex.Unlock]); it is logged when freed,
+// or when it was not found for a minute (another statement freed it, or
+// the acquisition it was recorded for never landed).
 package dsync

@@ -249,6 +249,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if !wait {
 			return 0, false, nil
 		}
+		noteWait(ctx) // goroutines of the process are ahead in the local line
 		select {
 		case <-w.front:
 		case <-ctx.Done():
@@ -281,6 +282,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		// Poll again sooner the closer to the head: every 2ms per holder or
 		// waiter ahead, but never slower than the back-off policy says.
 		if b == nil {
+			noteWait(ctx) // this call waits (see Stats)
 			b = s.opts.newBackOff()
 		}
 		d := b.NextBackOff()
@@ -418,7 +420,8 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 }
 
 // lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
-func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
+func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer q.s.track(&ctx, kindQueue, "lock", q.name, wait).done(&ok, &err)
 	if err := q.precheck(ctx, "lock"); err != nil {
 		return false, err
 	}
