@@ -215,37 +215,43 @@ func TestStatsScripted(t *testing.T) {
 	o := newSession(t) // the other process
 	name := lockName(t)
 	m, om := dsync.NewMutex(s, name), dsync.NewMutex(o, name)
+	orphans := 0 // see the Lock given up
+	check := func(step string, want statsWant) dsync.Stats {
+		t.Helper()
+		want.orphans = orphans
+		return checkStats(t, step, s, want)
+	}
 
-	checkStats(t, "new session", s, statsWant{})
+	check("new session", statsWant{})
 	if st := s.Stats(); st.WaitTime != 0 || st.RenewalFailures != 0 {
 		t.Fatalf("new session: WaitTime, RenewalFailures got %v, %d; want 0, 0", st.WaitTime, st.RenewalFailures)
 	}
 
 	// Uncontended Lock, TryLock success, TryLock failure.
 	mustLock(t, m, bg)
-	checkStats(t, "Lock", s, statsWant{held: 1, acquisitions: 1})
+	check("Lock", statsWant{held: 1, acquisitions: 1})
 	mustUnlock(t, m, bg)
-	checkStats(t, "Unlock", s, statsWant{acquisitions: 1})
+	check("Unlock", statsWant{acquisitions: 1})
 	if ok, err := m.TryLock(bg); !ok || err != nil {
 		t.Fatalf("TryLock: got %v, %v; want true, nil", ok, err)
 	}
-	checkStats(t, "TryLock", s, statsWant{held: 1, acquisitions: 2})
+	check("TryLock", statsWant{held: 1, acquisitions: 2})
 	mustUnlock(t, m, bg)
 	mustLock(t, om, bg)
 	if ok, err := m.TryLock(bg); ok || err != nil {
 		t.Fatalf("TryLock while the other session holds: got %v, %v; want false, nil", ok, err)
 	}
-	checkStats(t, "TryLock failed", s, statsWant{acquisitions: 2})
+	check("TryLock failed", statsWant{acquisitions: 2})
 	mustUnlock(t, om, bg)
 
 	// Reentrant Locks of an owner count once each.
 	owner := dsync.WithOwner(bg)
 	mustLock(t, m, owner)
 	mustLock(t, m, owner)
-	checkStats(t, "reentrant Lock", s, statsWant{held: 1, acquisitions: 4})
+	check("reentrant Lock", statsWant{held: 1, acquisitions: 4})
 	mustUnlock(t, m, owner)
 	mustUnlock(t, m, owner)
-	if st := checkStats(t, "no wait yet", s, statsWant{acquisitions: 4}); st.WaitTime != 0 {
+	if st := check("no wait yet", statsWant{acquisitions: 4}); st.WaitTime != 0 {
 		t.Fatalf("no wait yet: WaitTime got %v; want 0", st.WaitTime)
 	}
 
@@ -253,13 +259,13 @@ func TestStatsScripted(t *testing.T) {
 	mustLock(t, om, bg)
 	lock := goTimed(func() error { return m.Lock(bg) })
 	awaitWaiting(t, s, 1)
-	checkStats(t, "Lock waiting for another session", s, statsWant{waiting: 1, acquisitions: 4})
+	check("Lock waiting for another session", statsWant{waiting: 1, acquisitions: 4})
 	mustUnlock(t, om, bg)
 	r := receive(t, "contended Lock", lock)
 	if r.err != nil {
 		t.Fatalf("contended Lock: got %v; want nil", r.err)
 	}
-	st := checkStats(t, "contended Lock", s, statsWant{held: 1, acquisitions: 5, contended: 1})
+	st := check("contended Lock", statsWant{held: 1, acquisitions: 5, contended: 1})
 	if st.WaitTime <= 0 || st.WaitTime > r.took {
 		t.Fatalf("contended Lock: WaitTime got %v; want > 0 and at most the call's %v", st.WaitTime, r.took)
 	}
@@ -274,7 +280,13 @@ func TestStatsScripted(t *testing.T) {
 	if !errors.Is(r.err, context.DeadlineExceeded) {
 		t.Fatalf("Lock with a 200ms ctx: got %v; want an error wrapping context.DeadlineExceeded", r.err)
 	}
-	st = checkStats(t, "Lock given up", s, statsWant{acquisitions: 5, contended: 1})
+	// When ctx ended during an acquisition statement, the session undoes
+	// it in the background: an orphan, kept for a minute since the row was
+	// not taken (see TestStatsOrphans).
+	if orphans = s.Stats().Orphans; orphans > 1 {
+		t.Fatalf("Orphans after a Lock given up: got %d; want 0 or 1", orphans)
+	}
+	st = check("Lock given up", statsWant{acquisitions: 5, contended: 1})
 	if grew := st.WaitTime - before; grew <= 0 || grew > r.took {
 		t.Fatalf("Lock given up: WaitTime grew by %v; want > 0 and at most the call's %v", grew, r.took)
 	}
@@ -285,12 +297,12 @@ func TestStatsScripted(t *testing.T) {
 	m2 := dsync.NewMutex(s, name)
 	lock = goTimed(func() error { return m2.Lock(bg) })
 	awaitWaiting(t, s, 1)
-	checkStats(t, "Lock waiting in the process", s, statsWant{held: 1, waiting: 1, acquisitions: 6, contended: 1})
+	check("Lock waiting in the process", statsWant{held: 1, waiting: 1, acquisitions: 6, contended: 1})
 	mustUnlock(t, m, bg)
 	if r := receive(t, "Lock waiting in the process", lock); r.err != nil {
 		t.Fatalf("Lock waiting in the process: got %v; want nil", r.err)
 	}
-	checkStats(t, "Lock after a local wait", s, statsWant{held: 1, acquisitions: 7, contended: 2})
+	check("Lock after a local wait", statsWant{held: 1, acquisitions: 7, contended: 2})
 	mustUnlock(t, m2, bg)
 
 	// RWMutex: a read hold that a second reader joins is one held name.
@@ -300,7 +312,7 @@ func TestStatsScripted(t *testing.T) {
 			t.Fatalf("RLock %d: got %v; want nil", i+1, err)
 		}
 	}
-	checkStats(t, "two RLocks", s, statsWant{held: 1, acquisitions: 9, contended: 2})
+	check("two RLocks", statsWant{held: 1, acquisitions: 9, contended: 2})
 	for i := range 2 {
 		if err := rw.RUnlock(bg); err != nil {
 			t.Fatalf("RUnlock %d: got %v; want nil", i+1, err)
@@ -309,7 +321,7 @@ func TestStatsScripted(t *testing.T) {
 	if ok, err := rw.TryRLock(bg); !ok || err != nil {
 		t.Fatalf("TryRLock: got %v, %v; want true, nil", ok, err)
 	}
-	checkStats(t, "TryRLock", s, statsWant{held: 1, acquisitions: 10, contended: 2})
+	check("TryRLock", statsWant{held: 1, acquisitions: 10, contended: 2})
 	if err := rw.RUnlock(bg); err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +332,7 @@ func TestStatsScripted(t *testing.T) {
 	if err := f.Lock(bg); err != nil {
 		t.Fatalf("FairMutex Lock: got %v; want nil", err)
 	}
-	checkStats(t, "Mutex and FairMutex of one name", s, statsWant{held: 2, acquisitions: 12, contended: 2})
+	check("Mutex and FairMutex of one name", statsWant{held: 2, acquisitions: 12, contended: 2})
 	mustUnlock(t, m, bg)
 	if err := f.Unlock(bg); err != nil {
 		t.Fatal(err)
@@ -328,7 +340,7 @@ func TestStatsScripted(t *testing.T) {
 	if ok, err := f.TryLock(bg); !ok || err != nil {
 		t.Fatalf("FairMutex TryLock: got %v, %v; want true, nil", ok, err)
 	}
-	checkStats(t, "FairMutex TryLock", s, statsWant{held: 1, acquisitions: 13, contended: 2})
+	check("FairMutex TryLock", statsWant{held: 1, acquisitions: 13, contended: 2})
 	if err := f.Unlock(bg); err != nil {
 		t.Fatal(err)
 	}
@@ -351,25 +363,26 @@ func TestStatsScripted(t *testing.T) {
 		}
 		call := goTimed(func() error { return c.wait(bg) })
 		awaitWaiting(t, s, 1)
-		checkStats(t, c.what+" waiting", s, statsWant{waiting: 1, acquisitions: acq, contended: cont})
+		check(c.what+" waiting", statsWant{waiting: 1, acquisitions: acq, contended: cont})
 		if err := c.unhold(bg); err != nil {
 			t.Fatal(err)
 		}
 		if r := receive(t, c.what, call); r.err != nil {
 			t.Fatalf("%s: got %v; want nil", c.what, r.err)
 		}
-		checkStats(t, c.what+" after waiting", s, statsWant{held: 1, acquisitions: acq + 1, contended: cont + 1})
+		check(c.what+" after waiting", statsWant{held: 1, acquisitions: acq + 1, contended: cont + 1})
 		if err := c.release(bg); err != nil {
 			t.Fatal(err)
 		}
 	}
-	checkStats(t, "end", s, statsWant{acquisitions: 15, contended: 4})
+	check("end", statsWant{acquisitions: 15, contended: 4})
 	// No wait here came near the TTL (15s).
 	if got := logs.find(msgLongWait); len(got) != 0 {
 		t.Fatalf("long-wait records with waits far below the TTL: got %v; want none", got)
 	}
 	s.Close()
-	checkStats(t, "closed", s, statsWant{acquisitions: 15, contended: 4})
+	orphans = 0 // the end of the lease frees them
+	check("closed", statsWant{acquisitions: 15, contended: 4})
 }
 
 // TestStatsHeldEndsWithSession: a closed session holds nothing, whatever its
