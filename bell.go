@@ -129,11 +129,11 @@ func (s *Session) runBell() {
 					s.bell.off = ctx.Err() == nil
 					s.mu.Unlock()
 					if ctx.Err() == nil {
-						s.logger.Info("dsync: the server refuses GET_LOCK; Mutex waiters poll", "session", s.id, "err", err)
+						s.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
 					}
 					return
 				}
-				s.logger.Debug("dsync: doorbell failed", "session", s.id, "err", err)
+				s.logger.Debug("dsync: doorbell failed", "err", err)
 			} else {
 				gen++
 			}
@@ -147,7 +147,7 @@ func (s *Session) runBell() {
 			continue
 		}
 		if err := s.ring(ctx, c, gen); err != nil {
-			s.logger.Debug("dsync: doorbell ring failed", "session", s.id, "err", err)
+			s.logger.Debug("dsync: doorbell ring failed", "err", err)
 			c.Close()
 			c = nil
 			continue
@@ -235,7 +235,7 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	want := (bellWait + 2*time.Second).Microseconds()
 	st.wanted = true
 	if _, err := s.exec(ctx, sLockWant, want, s.id, s.id, s.id, want, m.name); err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "name", m.name, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return false
 	}
 	var ref bellRef
@@ -247,7 +247,7 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	case errors.Is(err, sql.ErrNoRows):
 		return true // nobody live holds or claimed it: try now
 	case err != nil:
-		s.logger.Debug("dsync: wait for doorbell failed", "name", m.name, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return false
 	case ref.gen == 0 || ref == st.last:
 		st.last = bellRef{}
@@ -364,7 +364,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, l
 	case errors.Is(err, sql.ErrNoRows):
 		return true // nothing conflicting ahead any more
 	case err != nil:
-		s.logger.Debug("dsync: wait for doorbell failed", "name", name, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return false
 	case ref.gen == 0 || ref == *last:
 		*last = bellRef{}
@@ -372,7 +372,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, l
 	}
 	res, err := s.exec(ctx, sTicketWant, name, seq)
 	if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "name", name, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return false
 	}
 	if there, _ := res.LastInsertId(); there != 1 {
@@ -398,6 +398,6 @@ func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, l
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &rung)
 	})
 	if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "name", name, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 	}
 }

@@ -42,6 +42,16 @@ type galeraDB struct {
 	db   [galeraNodes]*sql.DB
 }
 
+// goCounted runs f in a goroutine that wg counts: sync.WaitGroup.Go, which
+// needs Go 1.25 (the module supports Go 1.24).
+func goCounted(wg *sync.WaitGroup, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f()
+	}()
+}
+
 // galeraRun runs scripts/galera.sh with args and returns its standard output,
 // failing the test with everything it printed when it fails.
 func galeraRun(t testing.TB, args ...string) string {
@@ -419,7 +429,7 @@ func TestGaleraFairMutexFIFO(t *testing.T) {
 	lockCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for i, m := range waiters {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			time.Sleep(time.Duration(i) * gap)
 			if err := m.Lock(lockCtx); err != nil {
 				errs.add("waiter %d (node %d) Lock: %v", i, nodes[i]+1, err)
@@ -503,7 +513,7 @@ func simultaneousRounds(t *testing.T, rounds int, hold time.Duration,
 		for n := range galeraNodes {
 			lock, unlock, fence, read := role(r, n)
 			ready.Add(1)
-			done.Go(func() {
+			goCounted(&done, func() {
 				ready.Done()
 				<-barrier
 				if err := lock(roundCtx); err != nil {
@@ -633,7 +643,7 @@ func TestGaleraMutexShares(t *testing.T) {
 	end := start.Add(duration)
 	for n := range galeraNodes {
 		for range perNode {
-			wg.Go(func() {
+			goCounted(&wg, func() {
 				m := mutexes[n]
 				for time.Now().Before(end) && errs.len() < 10 {
 					called := time.Now()
@@ -718,7 +728,7 @@ func TestGaleraConcurrentNewSessions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wg.Go(func() {
+			goCounted(&wg, func() {
 				defer db.Close()
 				<-barrier
 				start := time.Now()
@@ -764,7 +774,7 @@ func TestGaleraConcurrentNewSessions(t *testing.T) {
 		s := g.session(t, n, dsync.WithTablePrefix(prefix))
 		m := dsync.NewMutex(s, t.Name()+"/mutex")
 		f := dsync.NewFairMutex(s, t.Name()+"/fair")
-		background.Go(func() {
+		goCounted(&background, func() {
 			for {
 				select {
 				case <-stop:
@@ -911,7 +921,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	for n := range galeraNodes {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			select {
 			case <-sessions[n].Done():
 				now := time.Now()
@@ -945,7 +955,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 		return committed, nil
 	}
 	for n := range galeraNodes {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			m := dsync.NewMutex(sessions[n], name)
 			afterKill := func() bool { return n == victim && killedAt.Load() != nil }
 			fail := func(format string, args ...any) bool {
@@ -1006,7 +1016,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 	probes := [galeraNodes - 1]probe{}
 	probeStop := make(chan struct{})
 	for n := range galeraNodes - 1 {
-		wg.Go(func() { probes[n].run(g.db[n], g.name+".probe", n+1, probeStop) })
+		goCounted(&wg, func() { probes[n].run(g.db[n], g.name+".probe", n+1, probeStop) })
 	}
 
 	time.Sleep(warmUp)

@@ -86,7 +86,8 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	return m.lock(ctx, false)
 }
 
-func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
+func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer m.s.track(&ctx, kindMutex, "lock", m.name, wait).done(&ok, &err)
 	if m.err != nil {
 		return false, m.err
 	}
@@ -173,8 +174,9 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		case err != nil && (!wait || !retryable(err)):
 			return 0, 0, err
 		case err != nil:
-			m.s.logger.Debug("dsync: acquire failed; retrying", "name", m.name, "err", err)
+			m.s.logger.Debug("dsync: acquire failed; retrying", "lock", m.name, "kind", kindMutex, "err", err)
 		}
+		noteWait(ctx) // this call waits (see Stats)
 		if err == nil && m.awaitBell(ctx, &bells) {
 			// Woken by the holder's doorbell, or it timed out, or nobody
 			// holds the lock now: try again at once.
@@ -246,7 +248,7 @@ const (
 func (m *Mutex) claim(ctx context.Context) bool {
 	ok, err := m.s.execChanged(ctx, sLockClaim, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
 	if err != nil {
-		m.s.logger.Debug("dsync: claim failed", "name", m.name, "err", err)
+		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
 	return ok
 }
@@ -259,7 +261,7 @@ func (m *Mutex) unclaim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
 	if _, err := m.s.exec(ctx, sLockUnclaim, m.name, m.s.id); err != nil {
-		m.s.logger.Debug("dsync: unclaim failed", "name", m.name, "err", err)
+		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
 }
 

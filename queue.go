@@ -250,6 +250,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if !wait {
 			return 0, false, nil
 		}
+		noteWait(ctx) // goroutines of the process are ahead in the local line
 		select {
 		case <-w.front:
 		case <-ctx.Done():
@@ -280,6 +281,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		case err != nil && (!wait || !retryable(err)):
 			return 0, false, err
 		}
+		noteWait(ctx) // this call waits (see Stats)
 		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &rang) {
 			// Woken by the doorbell of the ticket ahead, or it timed out,
 			// or the line moved: check again at once.
@@ -437,7 +439,8 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 }
 
 // lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
-func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
+func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer q.s.track(&ctx, kindQueue, "lock", q.name, wait).done(&ok, &err)
 	if err := q.precheck(ctx, "lock"); err != nil {
 		return false, err
 	}

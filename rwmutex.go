@@ -89,7 +89,8 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 }
 
 // rlock takes a read hold: joining one of this process, or with a ticket.
-func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
+func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer q.s.track(&ctx, kindQueue, "rlock", q.name, wait).done(&ok, &err)
 	if err := q.precheck(ctx, "rlock"); err != nil {
 		return false, err
 	}

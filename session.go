@@ -70,8 +70,10 @@ func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(o *options) { o.newBackOff = newBackOff }
 }
 
-// WithLogger sets the logger for background events (renewal failures, lease
-// loss). The default discards them.
+// WithLogger sets the logger for the session's events: long waits for a
+// lock, renewal failures, the lease lost, orphans freed (the records and
+// their attributes are listed in the package doc, under Logging). The
+// default discards them.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithLabel sets the holder label stored in the lease row, for operators
@@ -158,6 +160,7 @@ type Session struct {
 	reaper    chan struct{}   // closed when the reaper goroutine returns
 	kick      chan struct{}   // a value: the reaper has orphans to free now
 	release   sync.Once       // releases the session's share of the pool
+	stats     counters        // see Stats
 
 	mu      sync.Mutex
 	err     error                // guarded by mu; nil while live
@@ -165,6 +168,7 @@ type Session struct {
 	locks   registry[localLock]  // in-process state of the Mutex names in use
 	queues  registry[localQueue] // the same for FairMutex and RWMutex names
 	orphans []orphan             // guarded by mu; rows to free in the background
+	freeing int                  // guarded by mu; orphans taken out of orphans by freeOrphans, being freed
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
 }
@@ -180,6 +184,14 @@ type orphan struct {
 	token  int64
 	ticket bool      // a queued lock's ticket rather than a lock row
 	since  time.Time // when it was recorded
+}
+
+// kind returns the lock space of o, as log records name it.
+func (o orphan) kind() string {
+	if o.ticket {
+		return kindQueue
+	}
+	return kindMutex
 }
 
 // orphanWindow is how long the session keeps trying to free an orphan that
@@ -354,6 +366,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		s.release.Do(func() { releasePool(db, q) })
 		return nil, err
 	}
+	s.logger = s.logger.With("session", s.id) // every record names its session
 	go s.keepAlive()
 	go s.reap()
 	return s, nil
@@ -558,6 +571,7 @@ func (s *Session) keepAlive() {
 	every := s.renewEvery()
 	timer := time.NewTimer(max(time.Until(lastSent.Add(every)), 0))
 	defer timer.Stop()
+	failures := 0 // renewals failed in a row
 	for {
 		select {
 		case <-s.stopped.Done():
@@ -574,16 +588,21 @@ func (s *Session) keepAlive() {
 		cancel()
 		switch {
 		case err == nil:
+			s.stats.renewals.Add(1)
+			failures = 0
 			lastSent = sent
 			s.deadline.Store(int64(sent.Sub(s.origin) + ttl - s.safetyMargin()))
 			timer.Reset(max(time.Until(lastSent.Add(every)), 0))
 		case errors.Is(err, errLeaseEnded):
+			s.stats.renewalFailures.Add(1)
 			s.lose(err)
 			return
 		case s.stopped.Err() != nil:
 			return
 		default:
-			s.logger.Warn("dsync: lease renewal failed; retrying", "session", s.id, "err", err,
+			s.stats.renewalFailures.Add(1)
+			failures++
+			s.logger.Warn("dsync: lease renewal failed; retrying", "err", err, "attempt", failures,
 				"deadline_in", time.Until(deadline))
 			timer.Reset(min(ttl/10, max(time.Until(deadline), 0)))
 		}
@@ -621,7 +640,7 @@ func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
 // moment, so nothing it holds is worth freeing, and its connections go.
 func (s *Session) lose(cause error) {
 	if s.end(ErrSessionExpired) {
-		s.logger.Error("dsync: session lost; its locks may belong to others now", "session", s.id, "cause", cause)
+		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
 		s.stop()
 		s.waiters.closeIdle()
 		s.release.Do(func() { releasePool(s.db, s.q) })
@@ -761,7 +780,7 @@ func (s *Session) purge() {
 		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
 	}
 	if err != nil {
-		s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
+		s.logger.Debug("dsync: purge failed", "err", err)
 	}
 }
 
@@ -770,25 +789,33 @@ func (s *Session) freeOrphans() {
 	s.mu.Lock()
 	todo := s.orphans
 	s.orphans = nil
+	s.freeing = len(todo)
 	s.mu.Unlock()
 	var keep []orphan
 	for i, o := range todo {
 		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 		freed, err := s.free(ctx, o)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil:
 			keep = append(keep, todo[i:]...)
+		case freed:
+			s.logger.Info("dsync: orphan freed", "lock", o.name, "kind", o.kind(), "token", o.token,
+				"age", time.Since(o.since))
+		case time.Since(o.since) < orphanWindow:
+			keep = append(keep, o)
+		default:
+			s.logger.Debug("dsync: orphan not found; given up", "lock", o.name, "kind", o.kind(), "token", o.token,
+				"age", time.Since(o.since))
+		}
+		if err != nil {
 			break
 		}
-		if !freed && time.Since(o.since) < orphanWindow {
-			keep = append(keep, o)
-		}
 	}
-	if len(keep) > 0 {
-		s.mu.Lock()
-		s.orphans = append(s.orphans, keep...)
-		s.mu.Unlock()
-	}
+	s.mu.Lock()
+	s.orphans = append(s.orphans, keep...)
+	s.freeing = 0
+	s.mu.Unlock()
 }
 
 // Close ends the session: Done closes, calls in progress and later return
