@@ -75,16 +75,17 @@ func takeTerminalBack() {
 
 // signalChild sends sig to the command's process group: the command and
 // the processes it started that stayed in its group, as a terminal does.
-func signalChild(cmd *exec.Cmd, sig syscall.Signal) {
-	_ = syscall.Kill(-cmd.Process.Pid, sig)
+func signalChild(pid int, sig syscall.Signal) {
+	_ = syscall.Kill(-pid, sig)
 }
 
 // continueChild continues the command's process group, in case it is
 // stopped.
-func continueChild(cmd *exec.Cmd) { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT) }
+func continueChild(pid int) { _ = syscall.Kill(-pid, syscall.SIGCONT) }
 
 // waitChild waits for the command to end and returns its exit status, or
-// 128+N when a signal N ended it. With the terminal (fg), it also passes
+// 128+N when a signal N ended it; then it releases cmd.Process (use the
+// pid from before the wait to signal the command meanwhile). With the terminal (fg), it also passes
 // on job control: when the command is stopped (Ctrl-Z), dsync takes the
 // terminal back and stops itself, so that the shell regains the terminal
 // and sees the job stopped; when the job is continued, dsync gives the

@@ -24,9 +24,13 @@ func afterStart() {}
 func takeTerminalBack() {}
 
 // signalChild sends sig to the command.
-func signalChild(cmd *exec.Cmd, sig syscall.Signal) { _ = cmd.Process.Signal(sig) }
+func signalChild(pid int, sig syscall.Signal) {
+	if p, err := os.FindProcess(pid); err == nil {
+		_ = p.Signal(sig)
+	}
+}
 
-func continueChild(cmd *exec.Cmd) {}
+func continueChild(pid int) {}
 
 // waitChild waits for the command to end and returns its exit status, or
 // 128+N when a signal N ended it.

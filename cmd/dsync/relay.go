@@ -27,7 +27,7 @@ type relay struct {
 
 	mu    sync.Mutex
 	first syscall.Signal // guarded by mu; the signal that ended ctx, or 0
-	child *exec.Cmd      // guarded by mu; the running command, or nil
+	child int            // guarded by mu; the pid of the running command, or 0
 }
 
 // newRelay starts receiving the signals; stop ends it.
@@ -59,7 +59,7 @@ func (r *relay) loop() {
 func (r *relay) handle(sig syscall.Signal) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.child != nil {
+	if r.child != 0 {
 		signalChild(r.child, sig)
 		return
 	}
@@ -87,7 +87,7 @@ func (r *relay) start(cmd *exec.Cmd) (bool, error) {
 	if err := cmd.Start(); err != nil {
 		return false, err
 	}
-	r.child = cmd
+	r.child = cmd.Process.Pid
 	return true, nil
 }
 
@@ -95,7 +95,7 @@ func (r *relay) start(cmd *exec.Cmd) (bool, error) {
 func (r *relay) exited() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.child = nil
+	r.child = 0
 }
 
 // stop stops receiving signals (they have their default effect again).

@@ -264,6 +264,7 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 		return exitSignal + int(sig), false
 	}
 
+	pid := cmd.Process.Pid // waitChild releases cmd.Process
 	waited := make(chan int, 1)
 	go func() { waited <- waitChild(cmd, fg) }()
 	select {
@@ -272,15 +273,15 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 		lost = true
 		fmt.Fprintf(stderr, "dsync: lease of lock %q lost while %s ran: sending it SIGTERM (SIGKILL in %v)\n",
 			c.name, c.argv[0], c.grace)
-		signalChild(cmd, syscall.SIGTERM)
-		continueChild(cmd) // in case it is stopped
+		signalChild(pid, syscall.SIGTERM)
+		continueChild(pid) // in case it is stopped
 		t := time.NewTimer(c.grace)
 		select {
 		case code = <-waited:
 			t.Stop()
 		case <-t.C:
 			fmt.Fprintf(stderr, "dsync: %s still runs %v after SIGTERM: sending it SIGKILL\n", c.argv[0], c.grace)
-			signalChild(cmd, syscall.SIGKILL)
+			signalChild(pid, syscall.SIGKILL)
 			code = <-waited
 		}
 	}
