@@ -75,12 +75,17 @@ const limit = 60 * time.Second
 // DSYNC_DSN set to the test database and its output captured.
 func dsyncCmd(args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	cmd := exec.Command(binary, args...)
-	// A race-built dsync stops at its first race, and does not wait 1s
-	// before exiting (the race detector's default).
-	cmd.Env = append(os.Environ(), envDSN+"="+dbtest.DSN(), "GORACE=halt_on_error=1 atexit_sleep_ms=0")
+	cmd.Env = dsyncEnv()
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	return cmd, &out, &errOut
+}
+
+// dsyncEnv returns the environment of dsync in the tests: DSYNC_DSN set
+// to the test database, and a race-built dsync that stops at its first
+// race and does not wait 1s before exiting (the race detector's default).
+func dsyncEnv() []string {
+	return append(os.Environ(), envDSN+"="+dbtest.DSN(), "GORACE=halt_on_error=1 atexit_sleep_ms=0")
 }
 
 // result is how a run of the binary ended.

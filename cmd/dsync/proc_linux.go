@@ -3,10 +3,13 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -117,16 +120,84 @@ func waitChild(cmd *exec.Cmd, fg bool) int {
 // stopped at the terminal, and continues the command when dsync is
 // continued. While dsync is stopped its lease is not renewed: a job stopped
 // for longer than about the TTL loses the lock, and the command gets
-// SIGTERM as soon as it is continued.
+// SIGTERM as soon as it is continued. When no shell with job control
+// could continue dsync (see jobControlled), dsync continues the command at
+// once, keeping it in the foreground: the stop is undone.
 func suspend(pgid int) {
+	if !jobControlled() {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		return
+	}
 	var tty int32
 	if ioctlPgrp(0, syscall.TIOCGPGRP, &tty) == nil && int(tty) == pgid {
 		takeTerminalBack()
 	}
-	_ = syscall.Kill(0, syscall.SIGTSTP) // returns once dsync is continued
+	stopJob()
 	if foreground() {
 		tty = int32(pgid)
 		_ = ioctlPgrp(0, syscall.TIOCSPGRP, &tty)
 	}
 	_ = syscall.Kill(-pgid, syscall.SIGCONT)
+}
+
+// stopJob stops dsync's process group (dsync, and the rest of a pipeline
+// it is part of) with SIGTSTP, as the terminal would have, so that the
+// shell sees the job stopped, and returns once dsync is continued. The stop
+// may come a moment after kill returns (another thread of dsync may take
+// the signal), so it waits for the SIGCONT that ends the stop. (The kernel
+// would discard the signal if the group were orphaned; suspend checks that
+// it is not.)
+func stopJob() {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	_ = syscall.Kill(0, syscall.SIGTSTP)
+	<-cont
+}
+
+// jobControlled reports whether a shell with job control can continue
+// dsync's process group: whether the nearest of dsync's ancestors outside
+// the group is in dsync's session (the group is then not orphaned).
+func jobControlled() bool {
+	self, ok := readStat(os.Getpid())
+	if !ok {
+		return false
+	}
+	for pid := self.ppid; pid > 0; {
+		st, ok := readStat(pid)
+		switch {
+		case !ok:
+			return false
+		case st.pgrp != self.pgrp:
+			return st.session == self.session
+		}
+		pid = st.ppid
+	}
+	return false
+}
+
+// procStat is what dsync reads of /proc/PID/stat.
+type procStat struct{ ppid, pgrp, session int }
+
+// readStat reads the parent, process group and session of a process.
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	// After the command name, in parentheses: state ppid pgrp session ...
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 4 {
+		return procStat{}, false
+	}
+	var st procStat
+	var err1, err2, err3 error
+	st.ppid, err1 = strconv.Atoi(f[1])
+	st.pgrp, err2 = strconv.Atoi(f[2])
+	st.session, err3 = strconv.Atoi(f[3])
+	return st, err1 == nil && err2 == nil && err3 == nil
 }

@@ -193,7 +193,14 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 		ok = err == nil
 	}
 	if sig, received := r.received(); received {
-		return exitSignal + int(sig) // nothing is held: an acquisition that landed was undone
+		// A Lock that ctx ended holds nothing (an acquisition that landed
+		// was undone); one that won the race is released here.
+		if ok {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			defer cancel()
+			_ = l.unlock(ctx)
+		}
+		return exitSignal + int(sig)
 	}
 	switch {
 	case ok:
