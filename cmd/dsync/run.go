@@ -169,7 +169,13 @@ func (c *runConfig) run() int {
 	code, lost := c.runCommand(r, s, l)
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := l.unlock(ctx); err != nil && !lost {
+	switch err := l.unlock(ctx); {
+	case err == nil || lost:
+	case errors.Is(err, dsync.ErrNotHeld):
+		// Freed by dsync release --force, or taken over after the lease
+		// lapsed unnoticed: the command may have shared the lock.
+		fmt.Fprintf(stderr, "dsync: lock %q was not held any more when %s ended: %v\n", c.name, c.argv[0], err)
+	default:
 		fmt.Fprintf(stderr, "dsync: %v (the lock is freed as the session closes)\n", err)
 	}
 	return code

@@ -400,3 +400,30 @@ func TestMutualExclusion(t *testing.T) {
 		})
 	}
 }
+
+// TestExitStatusCannotRun: 127 when the command is not found, 126 when it
+// is found but cannot be run, as in sh; the lock is released.
+func TestExitStatusCannotRun(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := lockName(t)
+	for _, tt := range []struct {
+		command string
+		want    int
+	}{
+		{filepath.Join(dir, "missing"), exitNotFound},
+		{"dsync-no-such-command-anywhere", exitNotFound},
+		{notExec, exitCannotRun},
+	} {
+		r := runDsync(t, "run", name, "--", tt.command)
+		if r.code != tt.want {
+			t.Errorf("dsync run %s: exit status %d; want %d (stderr %q)", tt.command, r.code, tt.want, r.stderr)
+		}
+		if r := runDsync(t, "run", "-n", name, "--", "true"); r.code != 0 {
+			t.Errorf("dsync run -n afterwards: exit status %d; want 0, the lock released (stderr %q)", r.code, r.stderr)
+		}
+	}
+}

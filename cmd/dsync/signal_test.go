@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,5 +157,51 @@ func TestReleasedAfterCommand(t *testing.T) {
 			}
 			t.Logf("second run took %v", time.Since(start))
 		})
+	}
+}
+
+// TestSignalWhileConnecting sends SIGTERM to a dsync connecting to a
+// server that accepts and never answers: it exits 128+15 at once, well
+// before its --connect-timeout.
+func TestSignalWhileConnecting(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	ran := filepath.Join(t.TempDir(), "ran")
+	d := startDsync(t, "run", "--connect-timeout", "50s", "--dsn", "root@tcp("+silent.Addr().String()+")/x",
+		lockName(t), "--", "touch", ran)
+	var c net.Conn
+	select {
+	case c = <-accepted:
+	case <-time.After(limit):
+		t.Fatal("dsync did not connect")
+	}
+	d.signal(t, syscall.SIGTERM)
+	r := d.wait(t)
+	silent.Close()
+	c.Close()
+	for c := range accepted {
+		c.Close()
+	}
+	if r.code != 128+int(syscall.SIGTERM) {
+		t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, 128+int(syscall.SIGTERM), r.stderr)
+	}
+	if r.took > 40*time.Second {
+		t.Errorf("dsync exited after %v; want well before its --connect-timeout of 50s", r.took)
+	}
+	if exists(ran) {
+		t.Errorf("the command ran")
 	}
 }
