@@ -49,6 +49,13 @@
 // Mutex has a lock space of its own; FairMutex and RWMutex share another,
 // in which a FairMutex is the write side of the RWMutex of the same name.
 //
+// # Operators
+//
+// [Schema] returns the statements that create the tables, [ListLocks] and
+// [LockHolders] list the holds of live sessions, and [ForceRelease] frees
+// a stuck Mutex. The dsync command (cmd/dsync) is built on them: it runs a
+// command while holding a lock, and lists and frees locks from a shell.
+//
 // # Statistics
 //
 // [Session.Stats] counts a session's holds, waiters, acquisitions, waits,

@@ -2,7 +2,7 @@ package dsync
 
 import "strings"
 
-// All SQL that dsync sends lives in this file. Each statement names its
+// All SQL that dsync sends lives in this file (admin.go's in queries_admin.go). Each statement names its
 // arguments (in order) and what its result means. "{lease}", "{lock}",
 // "{queue}", "{ticket}" and "{schema}" stand for the session's table names: the table
 // prefix, validated by NewSession to [A-Za-z0-9_]{0,32}, plus the table's
