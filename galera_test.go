@@ -612,15 +612,13 @@ func TestGaleraRWMutexWriterVsReaders(t *testing.T) {
 // TestGaleraMutexShares has all three nodes contend for one Mutex for 10s,
 // two goroutines per node sharing the node's session: no node is starved
 // (no Lock waits longer than maxWait, which the claims of starving waiters
-// bound), with no overlap and increasing fences. Each node's share is
-// logged; issue 7 asks for at least 15% each, which this code does not
-// reliably reach yet (9-21% for the slowest node in runs so far), so only
-// minShare, far below, is asserted.
+// bound), each node gets at least minShare of the acquisitions, with no
+// overlap and increasing fences.
 func TestGaleraMutexShares(t *testing.T) {
 	const (
 		perNode  = 2
 		duration = 10 * time.Second
-		minShare = 0.05
+		minShare = 0.15
 		maxWait  = 2 * time.Second
 	)
 	g := newGaleraDB(t)

@@ -282,6 +282,13 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 			return 0, false, err
 		}
 		noteWait(ctx) // this call waits (see Stats)
+		if b == nil {
+			b = s.opts.newBackOff()
+		}
+		d := b.NextBackOff()
+		if d == backoff.Stop {
+			return 0, false, ErrNotObtained
+		}
 		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &rang) {
 			// Woken by the doorbell of the ticket ahead, or it timed out,
 			// or the line moved: check again at once.
@@ -295,13 +302,6 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		}
 		// Poll again sooner the closer to the head: every 2ms per holder or
 		// waiter ahead, but never slower than the back-off policy says.
-		if b == nil {
-			b = s.opts.newBackOff()
-		}
-		d := b.NextBackOff()
-		if d == backoff.Stop {
-			return 0, false, ErrNotObtained
-		}
 		if err == nil {
 			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
 		}

@@ -61,11 +61,14 @@ func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl }
 func WithTablePrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
 
 // WithBackOff sets the polling policy of a blocking Lock while another
-// process holds the lock. newBackOff is called once per wait, so the
-// policies it returns need not be safe for concurrent use. The default is an
-// exponential back-off from 2ms to 100ms with jitter, without time limit
-// (ctx bounds the wait). When a policy returns backoff.Stop, Lock returns
-// [ErrNotObtained].
+// process holds the lock, where waiters poll (no doorbell: see the
+// package's Waiting section); a waiter on a doorbell consults it once per
+// wake-up, only for backoff.Stop. newBackOff is called once per wait, so
+// the policies it returns need not be safe for concurrent use. The default
+// is an exponential back-off from 2ms to 100ms with jitter, without time
+// limit (ctx bounds the wait). When a policy returns backoff.Stop, Lock
+// returns [ErrNotObtained]; on a doorbell that may be up to 8s after the
+// policy's time limit (bound a wait with ctx instead).
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(o *options) { o.newBackOff = newBackOff }
 }
