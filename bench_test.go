@@ -2,8 +2,10 @@ package dsync_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +214,49 @@ func benchHandoff(b *testing.B, newLock func(*dsync.Session) (lock, unlock func(
 		b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "handoff-p50-ms")
 		b.ReportMetric(float64(samples[len(samples)*99/100].Microseconds())/1000, "handoff-p99-ms")
 	}
+}
+
+var sweepRows = flag.Int("sweeprows", 100_000, "free lock rows each BenchmarkSweep op cleans up")
+
+// BenchmarkSweep measures the clean-up of free rows (WithFreeRowAge): each
+// op fills a fresh lock table with -sweeprows free rows (untimed), then runs
+// one pass that marks them all and one that deletes them all. It reports
+// the seconds of each pass, which grow with the rows (a pass walks the whole
+// table), e.g. go test -run '^$' -bench Sweep -benchtime 1x . -args -sweeprows 1000000.
+func BenchmarkSweep(b *testing.B) {
+	db := dbtest.Open(b)
+	prefix := freshPrefix("bsweep")
+	s := newSession(b, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))
+	n := *sweepRows
+	// n rows from the cross join of as many digit tables as n has digits.
+	digits, numbers := []string{}, []string{}
+	for i, scale := 0, 1; scale < n; i, scale = i+1, scale*10 {
+		digits = append(digits, fmt.Sprintf("(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 "+
+			"UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) d%d", i))
+		numbers = append(numbers, fmt.Sprintf("%d * d%d.d", scale, i))
+	}
+	fill := fmt.Sprintf("INSERT INTO `%slock` (name, fence) SELECT CONCAT('user/', n), 1 FROM (SELECT %s AS n FROM %s) x WHERE n < ?",
+		prefix, strings.Join(numbers, " + "), strings.Join(digits, " CROSS JOIN "))
+	var mark, del time.Duration
+	ops := 0
+	for b.Loop() {
+		ops++
+		b.StopTimer()
+		if _, err := db.Exec(fill, n); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		_, marked := dsync.SweepPass(s, time.Hour)
+		mark += time.Since(start)
+		start = time.Now()
+		deleted, _ := dsync.SweepPass(s, 0)
+		del += time.Since(start)
+		if marked != int64(n) || deleted != int64(n) {
+			b.Fatalf("rows marked, deleted: got %d, %d; want %d, %d", marked, deleted, n, n)
+		}
+	}
+	b.ReportMetric(mark.Seconds()/float64(ops), "s/mark-pass")
+	b.ReportMetric(del.Seconds()/float64(ops), "s/delete-pass")
+	b.ReportMetric(0, "ns/op")
 }
