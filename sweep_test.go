@@ -3,8 +3,10 @@ package dsync_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,6 +499,21 @@ func TestFreeRowAgeZero(t *testing.T) {
 	}
 	sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithSweep(time.Hour, 50*time.Millisecond))
 	waitRows(t, db, 30*time.Second, 0, "SELECT COUNT(*) FROM "+lockTable)
+}
+
+// TestFreeRowAgeInvalid checks that NewSession refuses a negative age, or
+// one between 0 and 1s, with an error that says so.
+func TestFreeRowAgeInvalid(t *testing.T) {
+	db := dbtest.Open(t)
+	for _, age := range []time.Duration{-time.Second, -1, time.Millisecond, time.Second - 1} {
+		s, err := dsync.NewSession(context.Background(), db, dsync.WithFreeRowAge(age))
+		if s != nil {
+			s.Close()
+		}
+		if !errors.Is(err, dsync.ErrInvalidOption) || !strings.Contains(err.Error(), "free-row age") {
+			t.Errorf("NewSession WithFreeRowAge(%v): got %v; want ErrInvalidOption naming the free-row age", age, err)
+		}
+	}
 }
 
 // TestSweepElection runs two sweeping sessions on the same tables for 3s:
