@@ -98,13 +98,14 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 //
 // The clean-up runs in the background, at most one pass at a time across
 // every session of the tables, elected through the schema table. A pass
-// runs every age/8 (from 1s to 10min), walks the tables in batches of 500
-// names, each batch a few short autocommit statements on the session's
-// own connections, so lock traffic waits at most one of them; a row is
-// deleted in the first pass at least age after a pass found it free, so
-// about 1.4 times the age after it fell free, plus the time passes take.
-// The session that runs a pass applies its own age: give every session of
-// the tables the same one.
+// starts about every age/8 (from 1s to 10min) and walks the tables in
+// batches of 500 names, each batch a few short autocommit statements on
+// the session's own connections, so lock traffic waits at most one of
+// them. A row is deleted by the first pass that reaches it at least age
+// after a pass found it free: at most age + 2.75 intervals (1.34 x age)
+// after it fell free, plus up to three pass durations (see the README for
+// measured ones). The session that runs a pass applies its own age: give
+// every session of the tables the same one.
 func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.freeRowAge = age } }
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)

@@ -35,11 +35,13 @@ const (
 
 // sweepInterval is how often a pass runs: an eighth of the free-row age,
 // from 1s to 10min (or what a test set). A row is marked by the first pass
-// after it fell free and deleted by the first pass at least the age after
-// that; sessions ask to be elected every quarter interval (jittered), so
-// passes start at most about 1.4 intervals apart, and a row is deleted at
-// most about age + 2.75 intervals (1.34 x age) after it fell free, plus
-// twice the time a pass takes.
+// to reach it after it fell free, and deleted by the first pass to reach
+// it at least the age after that. Sessions ask to be elected every 1/8 to
+// 3/8 of an interval, so a pass starts at most 1.375 intervals after the
+// one before it started (or, when that one ran over half an interval and
+// so held the election, ended), and a row is deleted at most age + 2.75
+// intervals (1.34 x age) after it fell free, plus up to three pass
+// durations.
 func (o *options) sweepInterval() time.Duration {
 	if o.sweepEvery > 0 {
 		return o.sweepEvery
