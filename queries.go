@@ -363,8 +363,9 @@ WHERE l.id IS NULL LIMIT 1000`
 // name, and every other statement of the batch is bounded by
 // name > after AND name <= last. Per batch it reads
 // what there is to do (qLockSweepRead: no locks), then, only when needed,
-// records the fence floor (qSweepFloor), deletes the rows that are ready
-// (qLockSweepDelete) and marks the rows that are free now (qLockSweepMark).
+// records the fence floor (qSweepFloor, read back with qSweepFloorRead),
+// deletes the rows that are ready (qLockSweepDelete) and marks the rows
+// that are free now (qLockSweepMark).
 // Each is its own short autocommit statement at READ COMMITTED, so lock
 // traffic waits for the sweep at most one statement of one batch.
 //
@@ -406,6 +407,10 @@ WHERE id = 1 AND swept_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
 	// created anew start above it (qFenceSeed). Args: fence.
 	qSweepFloor = `UPDATE {schema} SET deleted_fence = GREATEST(deleted_fence, ?) WHERE id = 1`
 
+	// qSweepFloorRead reads the recorded floor back (no row: none is
+	// recorded, and nothing may be deleted). A plain read, without locks.
+	qSweepFloorRead = `SELECT deleted_fence FROM {schema} WHERE id = 1`
+
 	// qLockBatchEnd returns the last name of the next batch: the limit-th
 	// name after after, or the last name when fewer are left; NULL when
 	// none is. Args: after, limit.
@@ -420,15 +425,14 @@ FROM {lock} WHERE name > ? AND name <= ?`
 
 	// qLockSweepDelete deletes the rows of a batch that are ready: marked at
 	// least age ago with the fence they still have, free now, and with a
-	// fence the recorded floor covers (qSweepFloor ran first: were the
-	// schema row missing, nothing would be deleted). The lease check comes
-	// last, so it runs only for rows whose mark still holds, whose holder's
-	// lease had therefore ended already at the mark: the shared locks a
-	// DELETE's subquery takes then fall on ended leases, never on one a
-	// renewal writes. Args: after, last, age in microseconds. RowsAffected:
-	// rows deleted.
-	qLockSweepDelete = `DELETE FROM {lock} WHERE name > ? AND name <= ? AND ` + lockReady + `
-  AND fence <= (SELECT deleted_fence FROM {schema} WHERE id = 1)`
+	// fence at or below the recorded floor (qSweepFloorRead, after
+	// qSweepFloor). The lease check comes last, so it runs only for rows
+	// whose mark still holds, whose holder's lease had therefore ended
+	// already at the mark: the shared locks a DELETE's subquery takes (at
+	// READ COMMITTED too) fall on ended leases, never on one a renewal
+	// writes; the DELETE locks nothing else but its own rows. Args: after,
+	// last, age in microseconds, floor. RowsAffected: rows deleted.
+	qLockSweepDelete = `DELETE FROM {lock} WHERE name > ? AND name <= ? AND ` + lockReady + ` AND fence <= ?`
 
 	// qLockSweepMark marks the rows of a batch that are free now and not
 	// marked with their current fence: idle since now, with that fence.
@@ -448,10 +452,11 @@ FROM {queue} WHERE name > ? AND name <= ?`
 
 	// qQueueSweepDelete deletes the queue rows of a batch that are ready:
 	// marked at least age ago with the fence they still have, without a
-	// ticket, and with a fence the recorded floor covers. Args: after, last,
-	// age in microseconds. RowsAffected: rows deleted.
-	qQueueSweepDelete = `DELETE FROM {queue} WHERE name > ? AND name <= ? AND ` + queueReady + `
-  AND fence <= (SELECT deleted_fence FROM {schema} WHERE id = 1)`
+	// ticket, and with a fence at or below the recorded floor. The ticket
+	// check comes last: its shared locks fall only on tickets of rows
+	// otherwise ready (readers' tickets: a reader takes no fence). Args:
+	// after, last, age in microseconds, floor. RowsAffected: rows deleted.
+	qQueueSweepDelete = `DELETE FROM {queue} WHERE name > ? AND name <= ? AND ` + queueReady + ` AND fence <= ?`
 
 	// qQueueSweepMark marks the queue rows of a batch that have no ticket
 	// and are not marked with their current fence, and clears the mark of
@@ -517,6 +522,7 @@ const (
 	sSweepElect
 	sSweepHold
 	sSweepFloor
+	sSweepFloorRead
 	sLockBatchEnd
 	sLockSweepRead
 	sLockSweepDelete
@@ -568,6 +574,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sSweepElect] = r.Replace(qSweepElect)
 	q.prepared[sSweepHold] = r.Replace(qSweepHold)
 	q.prepared[sSweepFloor] = r.Replace(qSweepFloor)
+	q.prepared[sSweepFloorRead] = r.Replace(qSweepFloorRead)
 	q.prepared[sLockBatchEnd] = r.Replace(qLockBatchEnd)
 	q.prepared[sLockSweepRead] = r.Replace(qLockSweepRead)
 	q.prepared[sLockSweepDelete] = r.Replace(qLockSweepDelete)

@@ -177,11 +177,28 @@ func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, fr
 	if fence.Valid {
 		// The floor first: once a row is gone, a new row of its name may
 		// be created at once, and its fence must start above this one.
+		// Read back, the floor also bounds the delete: a row that became
+		// ready since the read, with a higher fence, waits for the next
+		// pass, and without a schema row nothing goes.
+		var floor int64
 		if _, err := s.exec(ctx, sSweepFloor, fence.Int64); err != nil {
 			return b, err
 		}
-		if b.deleted, err = s.execCount(ctx, t.delete, after, b.last, age); err != nil {
+		err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+			st, err := c.Stmt(ctx, s.pool, int(sSweepFloorRead))
+			if err != nil {
+				return err
+			}
+			return st.QueryRowContext(ctx).Scan(&floor)
+		})
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
 			return b, err
+		default:
+			if b.deleted, err = s.execCount(ctx, t.delete, after, b.last, age, floor); err != nil {
+				return b, err
+			}
 		}
 	}
 	if marks > 0 {
