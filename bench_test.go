@@ -241,7 +241,7 @@ func fillLockRows(b *testing.B, db *sql.DB, prefix string, n int) {
 // op fills a fresh lock table with -sweeprows free rows (untimed), then runs
 // one pass that marks them all and one that deletes them all. It reports
 // the seconds of each pass, which grow with the rows (a pass walks the whole
-// table), e.g. go test -run '^$' -bench 'Sweep$' -benchtime 1x . -args -sweeprows 1000000.
+// table), e.g. go test -run '^$' -bench '^BenchmarkSweep$' -benchtime 1x . -args -sweeprows 1000000.
 func BenchmarkSweep(b *testing.B) {
 	db := dbtest.Open(b)
 	prefix := freshPrefix("bsweep")
