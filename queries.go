@@ -34,7 +34,8 @@ const (
   KEY expires_at_idx (expires_at)
 ) ENGINE=InnoDB`
 
-	// qCreateLock creates the lock table: one row per lock name ever used.
+	// qCreateLock creates the lock table: one row per lock name in use (see
+	// "Clean-up of free rows" for when a row goes).
 	// holder is the lease id of the holding session (0: free), token the
 	// holder's per-acquisition token (chosen by the client before the write,
 	// so an ambiguous acquire can be undone), fence the fencing token of the
