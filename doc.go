@@ -37,14 +37,16 @@
 //
 // # Tables
 //
-// NewSession creates, when they are missing, four tables (names with the prefix of
-// [WithTablePrefix], default "dsync_"): lease, one row per live session;
-// lock, one row per Mutex name ever used; queue, one row per FairMutex or
-// RWMutex name ever used; ticket, one row per waiter or holder of those.
-// Rows of lock and queue are kept, and a row created anew starts its fences
-// at the server's UTC clock in microseconds, so fences never go back. See
-// queries.go for every statement dsync sends, and [Session] for the
-// connections dsync keeps and the session settings it pins on them.
+// NewSession creates, when they are missing, five tables (names with the
+// prefix of [WithTablePrefix], default "dsync_"): schema, the version of the
+// tables and the state of their clean-up; lease, one row per live session;
+// lock, one row per Mutex name in use; queue, one row per FairMutex or
+// RWMutex name in use; ticket, one row per waiter or holder of those. Rows
+// of lock and queue that have been free for an hour ([WithFreeRowAge]) are
+// deleted in the background, and a row created anew starts its fences
+// above every fence its name had, so fences never go back. See queries.go
+// for every statement dsync sends, and [Session] for the connections dsync
+// keeps and the session settings it pins on them.
 //
 // Mutex has a lock space of its own; FairMutex and RWMutex share another,
 // in which a FairMutex is the write side of the RWMutex of the same name.

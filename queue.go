@@ -95,8 +95,22 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing, and returns its number. After an error whose outcome is unknown
 // it removes the ticket.
+//
+// The name's row may go at any moment while no ticket of the name exists
+// (the sweep deletes free rows, see WithFreeRowAge; so may an operator),
+// and even as a ticket is being inserted (the sweep's check for tickets
+// reads as of its statement's start). That is harmless: the row holds only
+// counters, the line is the ticket table, and every statement that needs
+// the row reports a missing one (qTicketInsert and qTicketNumber number no
+// ticket, qTicketTake takes nothing); the caller then creates it again,
+// seeded above every earlier fence and ticket number (qFenceSeed), and
+// runs the statement again. A ticket already in the table keeps its
+// number and its place. The row created here has no ticket until the
+// insert, so a sweep may delete it again meanwhile; that takes a pass
+// marking it and another one the free-row age later, so a few attempts
+// suffice.
 func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
-	for created := false; ; created = true {
+	for creates := 0; ; creates++ {
 		var ticket int64
 		var err error
 		if s.galera {
@@ -117,8 +131,8 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 			return 0, err
 		case ticket > 0:
 			return ticket, nil
-		case created:
-			return 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
+		case creates == maxCreates:
+			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
 		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
 			return 0, err
@@ -194,9 +208,9 @@ func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() erro
 // so it writes nothing). An exclusive ticket's first check tries to take the
 // lock at once (qTicketTake, which writes only when the ticket is at the
 // head); later checks count the tickets ahead, reading only, and take the
-// lock when none is left. A missing per-name row (an operator deleted it)
-// is created again, its fence seeded above every earlier one (see
-// qFenceSeed).
+// lock when none is left. A missing per-name row (the sweep or an operator
+// deleted it, see insertTicket) is created again, its fence seeded above
+// every earlier one (see qFenceSeed).
 func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
 	if w.mode == modeShared || !first {
 		ahead, err = s.conflicts(ctx, name, 0, w.ticket, w.mode)
@@ -204,7 +218,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 			return ahead, 0, err
 		}
 	}
-	for created := false; ; created = true {
+	for creates := 0; ; creates++ {
 		res, err := s.exec(ctx, sTicketTake, w.ticket, name)
 		if err != nil {
 			return 0, 0, err
@@ -217,14 +231,18 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 			return 1, 0, nil
 		case r > 0:
 			return 0, r, nil
-		case created:
-			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
+		case creates == maxCreates:
+			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
 		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
 			return 0, 0, err
 		}
 	}
 }
+
+// maxCreates bounds how often one enqueue or turn check creates the name's
+// row again (see insertTicket).
+const maxCreates = 3
 
 // conflicts counts the live tickets of name between after and before
 // (exclusive) that a ticket in mode conflicts with.

@@ -29,7 +29,9 @@ import (
 const (
 	DefaultTTL         = 15 * time.Second // lease time to live, see WithTTL
 	DefaultTablePrefix = "dsync_"         // see WithTablePrefix
+	DefaultFreeRowAge  = time.Hour        // see WithFreeRowAge
 	minTTL             = time.Second
+	minFreeRowAge      = time.Second
 	maxTTL             = 24 * time.Hour
 	maxConns           = 4 // most connections the sessions of one *sql.DB keep
 )
@@ -42,6 +44,8 @@ type options struct {
 	newBackOff func() backoff.BackOff
 	logger     *slog.Logger
 	label      string
+	freeRowAge time.Duration // 0: no clean-up
+	sweepEvery time.Duration // the sweep interval when set (tests); else see sweepInterval
 }
 
 // An Option configures a [Session]. Options are validated by [NewSession],
@@ -83,6 +87,32 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // reading the tables (default "hostname:pid"; at most 255 bytes of UTF-8).
 func WithLabel(label string) Option { return func(o *options) { o.label = label } }
 
+// WithFreeRowAge sets how long a lock row or queue row must have been free
+// before it is deleted (default [DefaultFreeRowAge], one hour; at least 1s;
+// 0: this session deletes none). Lock and queue rows are one per name ever
+// used, so without clean-up a service that locks per entity (per order,
+// per user) grows the tables for ever. A free row is one no session holds
+// or waits for; rows of held locks, of queued locks with a waiter, and of
+// locks used within the age are never deleted. The next use of a deleted
+// name creates its row again, at the cost of one more statement.
+//
+// Fences stay strictly increasing across deletion: before it deletes rows,
+// the clean-up records the highest fence among them in the schema table,
+// and a row created anew starts its fences above that record (and at least
+// at the database's clock in microseconds), whatever the clocks do.
+//
+// The clean-up runs in the background, at most one pass at a time across
+// every session of the tables, elected through the schema table. A pass
+// starts about every age/8 (from 1s to 10min) and walks the tables in
+// batches of 500 names, each batch a few short autocommit statements on
+// the session's own connections, so lock traffic waits at most one of
+// them. A row is deleted by the first pass that reaches it at least age
+// after a pass found it free: at most age + 2.75 intervals (1.34 x age)
+// after it fell free, plus up to three pass durations (see the README for
+// measured ones). The session that runs a pass applies its own age: give
+// every session of the tables the same one.
+func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.freeRowAge = age } }
+
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)
 
 func defaultBackOff() backoff.BackOff {
@@ -108,6 +138,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 	case len(o.label) > 255 || !utf8.ValidString(o.label):
 		return fmt.Errorf("%w: label must be at most 255 bytes of UTF-8", ErrInvalidOption)
+	case o.freeRowAge < 0 || (o.freeRowAge > 0 && o.freeRowAge < minFreeRowAge && o.sweepEvery == 0):
+		return fmt.Errorf("%w: free-row age %v: want 0 (no clean-up) or at least %v", ErrInvalidOption, o.freeRowAge, minFreeRowAge)
 	}
 	return nil
 }
@@ -161,6 +193,8 @@ type Session struct {
 	stopped   context.Context // ends when Close starts or the session is lost
 	renewer   chan struct{}   // closed when the keep-alive goroutine returns
 	reaper    chan struct{}   // closed when the reaper goroutine returns
+	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
+	sweeps    atomic.Int64    // sweep passes this session has run
 	kick      chan struct{}   // a value: the reaper has orphans to free now
 	release   sync.Once       // releases the session's share of the pool
 	stats     counters        // see Stats
@@ -331,6 +365,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		newBackOff: defaultBackOff,
 		logger:     slog.New(slog.DiscardHandler),
 		label:      host + ":" + strconv.Itoa(os.Getpid()),
+		freeRowAge: DefaultFreeRowAge,
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -356,6 +391,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
 		reaper:  make(chan struct{}),
+		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		bell:    doorbell{ring: make(chan struct{}, 1), done: make(chan struct{})},
 	}
@@ -372,6 +408,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	s.logger = s.logger.With("session", s.id) // every record names its session
 	go s.keepAlive()
 	go s.reap()
+	go s.sweepLoop()
 	return s, nil
 }
 
@@ -840,6 +877,7 @@ func (s *Session) Close() error {
 	<-s.renewer
 	<-s.reaper
 	s.stopBell()
+	<-s.sweeper
 	defer s.release.Do(func() { releasePool(s.db, s.q) })
 	if lost {
 		return nil
