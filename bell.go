@@ -255,7 +255,7 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	var ref bellRef
 	var left int64 // microseconds the holder's lease has left
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{m.name}, &ref.id, &ref.gen, &left)
+		return s.query(ctx, c, sLockBell, []any{s.id, m.name}, &ref.id, &ref.gen, &left)
 	})
 	var c *connpool.Conn
 	switch {

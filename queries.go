@@ -299,15 +299,16 @@ WHERE name = ?`
 
 	// qLockBell names the session a waiter of the lock waits on, and the
 	// generation of its doorbell: the live holder, else the live waiter
-	// whose claim is current (it takes the lock next; the asking session
-	// itself when it is that one or holds the row under a token it no
-	// longer knows: then it polls), and how long that session's lease has left in microseconds
+	// whose claim is current (it takes the lock next; never the asking
+	// session: a row it claimed and finds free it takes at once), or the
+	// asking session itself when it holds the row under a token it no
+	// longer knows (then it polls), and how long that session's lease has left in microseconds
 	// (a waiter blocks no longer: a holder that stopped renewing, paused or
-	// cut off, never rings). Args: name. No row: nobody live has
+	// cut off, never rings). Args: lease id, name. No row: nobody live has
 	// the lock or a claim on it; try to take it at once. bell 0: that
 	// session has no doorbell; poll.
 	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
-  ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6), k.waiter, 0))
+  ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
 WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY l.id = k.holder DESC LIMIT 1`
 )
