@@ -1,7 +1,7 @@
 # The README's two commands: make demo, make test.
 GO ?= go
 
-.PHONY: demo test bench mariadb check test-galera
+.PHONY: demo test bench bench-peers redis-server mariadb check test-galera
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -16,6 +16,22 @@ test: mariadb
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .
+
+# dsync against its peers (bench/, a module of its own): starts a throwaway
+# MariaDB, two redis-servers and an embedded etcd on 127.0.0.1, runs every
+# scenario and writes docs/BENCHMARKS.md and docs/benchmarks.svg. Extra
+# flags in BENCH_FLAGS, e.g. make bench-peers BENCH_FLAGS='-quick'.
+# With FREEROWAGE=1 the distinct-names scenario uses dsync.WithFreeRowAge.
+bench-peers: mariadb redis-server
+	cd bench && $(GO) run $(if $(FREEROWAGE),-tags freerowage) . -out ../docs \
+		-command "make bench-peers$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')$(if $(FREEROWAGE), FREEROWAGE=1)" $(BENCH_FLAGS)
+
+# Debian's redis-server package, for bench-peers; no service is started.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing redis-server from Debian's packages" >&2; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 # The Galera tests (galera_test.go, build tag galera) against a throwaway
 # 3-node cluster on 127.0.0.1 (scripts/galera.sh), in a directory of this
