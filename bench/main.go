@@ -130,6 +130,9 @@ func run() error {
 	res := newResults(e.systems())
 	var failures []error
 	fail := func(format string, args ...any) {
+		if ctx.Err() != nil {
+			return // interrupted: the run ends with that error
+		}
 		err := fmt.Errorf(format, args...)
 		logf("FAIL: %v", err)
 		failures = append(failures, err)

@@ -26,7 +26,7 @@ type namesResult struct {
 	cleanup      bool          // built with dsync.WithFreeRowAge
 	age          time.Duration // the configured free-row age
 	peakRows     int64         // largest lock-table row count seen
-	peakBytes    int64         // data+index bytes of the lock table at the end of the pass
+	peakBytes    int64         // data+index bytes of the lock table at its peak
 	backAfter    time.Duration // after the last Unlock, until rows <= 1% of peak; -1: never
 	waited       time.Duration // how long the clean-up was watched
 	finalRows    int64
@@ -68,11 +68,15 @@ func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age
 		err := e.monitor.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table).Scan(&c)
 		return c, err
 	}
-	var peak atomic.Int64
+	var peak, peakBytes atomic.Int64
+	// observe counts the rows and, at a new peak, measures the table's size.
 	observe := func() (int64, error) {
 		c, err := rows()
 		if err == nil && c > peak.Load() {
 			peak.Store(c)
+			if b, err := tableBytes(ctx, e.monitor, namesPrefix+"lock"); err == nil {
+				peakBytes.Store(b)
+			}
 		}
 		return c, err
 	}
@@ -151,10 +155,6 @@ func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age
 	if _, err := observe(); err != nil {
 		return r, err
 	}
-	var err error
-	if r.peakBytes, err = tableBytes(ctx, e.monitor, namesPrefix+"lock"); err != nil {
-		return r, err
-	}
 
 	// Watch the clean-up: until the table is back to 1% of its peak, or for
 	// long enough past the target (2 x age) to say it was missed.
@@ -182,7 +182,8 @@ func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age
 		}
 	}
 	r.waited = time.Since(lastUnlock)
-	r.peakRows = peak.Load()
+	r.peakRows, r.peakBytes = peak.Load(), peakBytes.Load()
+	var err error
 	if r.finalBytes, err = tableBytes(ctx, e.monitor, namesPrefix+"lock"); err != nil {
 		return r, err
 	}

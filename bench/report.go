@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,33 +102,32 @@ type target struct {
 	key    string
 	atMost bool // the figure must be <= limit; else >= limit
 	limit  float64
-	unit   func(float64) string
+	f      func(float64) string // formats a bare number
+	unit   string
 }
 
-func msUnit(v float64) string   { return num(v) + " ms" }
-func perSUnit(v float64) string { return num(v) + "/s" }
-func pctUnit(v float64) string  { return fmt.Sprintf("%.0f %%", v) }
+func pctNum(v float64) string { return fmt.Sprintf("%.0f", v) }
 
 func (r *report) targets() []target {
 	var t []target
 	kinds := []struct{ key, name string }{{"mutex", "Mutex"}, {"fair", "FairMutex"}, {"rw-writer", "RWMutex writer"}}
 	for _, k := range kinds {
-		t = append(t, target{k.name + " handoff p50 ≤ 1 ms", "hand.p50", k.key, true, 1, msUnit})
+		t = append(t, target{k.name + " handoff p50 ≤ 1 ms", "hand.p50", k.key, true, 1, num, " ms"})
 	}
 	for _, k := range kinds {
-		t = append(t, target{k.name + " handoff p99 ≤ 5 ms", "hand.p99", k.key, true, 5, msUnit})
+		t = append(t, target{k.name + " handoff p99 ≤ 5 ms", "hand.p99", k.key, true, 5, num, " ms"})
 	}
 	for _, k := range append(kinds, struct{ key, name string }{"rw-reader", "RWMutex reader"}) {
-		t = append(t, target{k.name + " idle waiter ≤ 1 statement/s", "idle.per", k.key, true, 1, perSUnit})
+		t = append(t, target{k.name + " idle waiter ≤ 1 statement/s", "idle.per", k.key, true, 1, num, "/s"})
 	}
 	t = append(t,
-		target{"Mutex uncontended ≤ 1.1× floor", "unc.ratio", "mutex", true, 1.1, ratio},
-		target{"FairMutex uncontended ≤ 1.3× floor", "unc.ratio", "fair", true, 1.3, ratio},
-		target{"RWMutex writer uncontended ≤ 1.3× floor", "unc.ratio", "rw-writer", true, 1.3, ratio},
-		target{"RWMutex reader uncontended ≤ 1.3× floor", "unc.ratio", "rw-reader", true, 1.3, ratio},
-		target{"Mutex, 4 sessions: longest wait ≤ 50 ms", "con.longest", "mutex", true, 50, msUnit},
-		target{"Mutex, 4 sessions: ≥ 50 % of acquisitions change sessions", "con.share", "mutex", false, 50, pctUnit},
-		target{"FairMutex, 4 sessions: ≥ 0.7× the floor's serial rate", "con.vsfloor", "fair", false, 0.7, ratio},
+		target{"Mutex uncontended ≤ 1.1× floor", "unc.ratio", "mutex", true, 1.1, ratioNum, "×"},
+		target{"FairMutex uncontended ≤ 1.3× floor", "unc.ratio", "fair", true, 1.3, ratioNum, "×"},
+		target{"RWMutex writer uncontended ≤ 1.3× floor", "unc.ratio", "rw-writer", true, 1.3, ratioNum, "×"},
+		target{"RWMutex reader uncontended ≤ 1.3× floor", "unc.ratio", "rw-reader", true, 1.3, ratioNum, "×"},
+		target{"Mutex, 4 sessions: longest wait ≤ 50 ms", "con.longest", "mutex", true, 50, num, " ms"},
+		target{"Mutex, 4 sessions: ≥ 50 % of acquisitions change sessions", "con.share", "mutex", false, 50, pctNum, " %"},
+		target{"FairMutex, 4 sessions: ≥ 0.7× the floor's serial rate", "con.vsfloor", "fair", false, 0.7, ratioNum, "×"},
 	)
 	return t
 }
@@ -171,9 +171,13 @@ func (r *report) markdown() []byte {
 	w("# Benchmarks: dsync and its peers\n\n")
 	w("Written by the benchmark program in `bench/` (do not edit by hand; run it again).\n\n")
 	w("| | |\n|---|---|\n")
-	w("| command | `make bench-peers` (runs `%s` in `bench/`) |\n", p.command)
+	if strings.HasPrefix(p.command, "make ") {
+		w("| command | `%s` |\n", p.command)
+	} else {
+		w("| command | `%s` in `bench/` |\n", p.command)
+	}
 	w("| date | %s, took %s |\n", r.began.UTC().Format("2006-01-02 15:04 UTC"), r.took.Round(time.Second))
-	w("| mode | %s; %d runs of each scenario but the distinct-names one, which runs once |\n", mode, p.runs)
+	w("| mode | %s; %d run(s) of each scenario but the distinct-names one, which runs once |\n", mode, p.runs)
 	for _, m := range machine() {
 		w("| %s | %s |\n", m[0], m[1])
 	}
@@ -195,7 +199,7 @@ func (r *report) markdown() []byte {
 	w("## Targets\n\n| target | measured | verdict |\n|---|---|---|\n")
 	for _, t := range r.targets() {
 		s := r.res.get(t.metric, t.key)
-		w("| %s | %s | %s |\n", t.label, s.format(t.unit), t.judge(s))
+		w("| %s | %s | %s |\n", t.label, s.format(t.f, t.unit), t.judge(s))
 	}
 	if n := r.names; n != nil {
 		if n.cleanup {
@@ -224,7 +228,13 @@ func (r *report) markdown() []byte {
 	w("- **handoff latency**: session A holds the lock, session B is blocked in `Lock`; after a hold of 5–15 ms A notes t0 and calls `Unlock`, B notes t1 when its `Lock` returns; t1 − t0, %d times per run (the two sessions take turns); p50 and p99.\n", p.handSamples)
 	w("- **idle waiters**: %d+1 sessions; first none of them does anything for %v (baseline: keep-alives and the like), then one holds the lock and %d wait in `Lock` (counted from 0.5 s after they started, for %v). Per waiter: (statements/s while waiting − baseline statements/s) / %d. Counted on the server: MariaDB's global `Questions` (`SHOW GLOBAL STATUS`), redis' `total_commands_processed` (`INFO stats`), minus the counting query itself; for etcd, the unary gRPC calls the benchmark's clients sent (lease keep-alives and watches are streams and not counted; a waiting `concurrency.Mutex` watches its predecessor's key and sends nothing). For `RWMutex` reader the holder is a writer and the waiters are readers.\n", p.idleWaiters, p.idleDur, p.idleWaiters, p.idleDur, p.idleWaiters)
 	w("- **many locks**: one session acquires %s `Mutex` names one after another (time taken), then holds them for %v while the server's statements are counted (as above): the keep-alive cost of holding many locks. `GET_LOCK` on one connection for comparison.\n", groupThousands(int64(p.manyLocks)), p.manyHold)
-	w("- **distinct names**: %d goroutines over %d sessions lock and unlock %s distinct `Mutex` names once each, recording each fence (once per `make bench-peers`: it takes minutes). With `dsync.WithFreeRowAge(age)` the lock table's rows are counted (`SELECT COUNT(*)`, every 5 s during the pass and every second after it) until they are back to ≤ 1 %% of the peak; data+index size from `information_schema.TABLES` after `ANALYZE TABLE`. Then every %s-th name is locked again: its new fence must exceed the recorded one (a repeat fails the program).\n\n", p.namesSessions*p.namesPer, p.namesSessions, groupThousands(int64(p.names)), groupThousands(int64(max(1, p.names/2000))))
+	w("- **distinct names**: %d goroutines over %d sessions lock and unlock %s distinct `Mutex` names once each, recording each fence (once per `make bench-peers`: it takes minutes). With `dsync.WithFreeRowAge(age)` the lock table's rows are counted (`SELECT COUNT(*)`, every 5 s during the pass and every second after it) until they are back to ≤ 1 %% of the peak; data+index size from `information_schema.TABLES` after `ANALYZE TABLE`. Then one name in %s is locked again: its new fence must exceed the recorded one (a repeat fails the program).\n\n", p.namesSessions*p.namesPer, p.namesSessions, groupThousands(int64(p.names)), groupThousands(int64(max(1, p.names/2000))))
+
+	w("Reading the figures:\n\n")
+	w("- `GET_LOCK` queues its waiters inside the server and wakes the next one when the lock is released, but it is not a lease: it lives as long as one connection, and MariaDB Galera Cluster does not support it.\n")
+	w("- redsync waiters poll: with the default retry delay (50–250 ms) a releasing session usually takes the lock again before any waiter looks, so handoffs between sessions are rare and waits long; with a 1 ms delay each waiter sends a few commands per millisecond while it waits. A redsync lock is not fenced, and a redis without persistence forgets every lock when it restarts.\n")
+	w("- etcd's `concurrency.Mutex` waiter watches its predecessor's key from the revision it read (`WithRev`), a past revision: etcd hands events to such an \"unsynced\" watcher in a loop that runs every 100 ms (`watchResyncPeriod` in etcd's mvcc), so a lock released within about 100 ms of the waiter starting to wait reaches it only at that loop's next turn.\n")
+	w("- dsync's baseline is its keep-alive: each session renews its lease every TTL/3, at most 2 s apart (0.5 statements/s per session with the default TTL of 15 s), however many locks it holds; the idle-waiter figure is what waiting adds to that.\n\n")
 
 	if r.res.has("unc.p50") {
 		w("## Uncontended Lock+Unlock\n\n| system | server | p50 | p99 | pairs/s | p50 × floor | p99 × floor |\n|---|---|---|---|---|---|---|\n")
@@ -233,9 +243,9 @@ func (r *report) markdown() []byte {
 				continue
 			}
 			w("| %s | %s | %s | %s | %s | %s | %s |\n", s.name, s.server,
-				r.res.get("unc.p50", s.key).format(msUnit), r.res.get("unc.p99", s.key).format(msUnit),
-				r.res.get("unc.rate", s.key).format(num), r.res.get("unc.ratio", s.key).format(ratio),
-				r.res.get("unc.ratio99", s.key).format(ratio))
+				r.res.get("unc.p50", s.key).format(num, " ms"), r.res.get("unc.p99", s.key).format(num, " ms"),
+				r.res.get("unc.rate", s.key).format(num, ""), r.res.get("unc.ratio", s.key).format(ratioNum, "×"),
+				r.res.get("unc.ratio99", s.key).format(ratioNum, "×"))
 		}
 		w("\n")
 	}
@@ -251,9 +261,9 @@ func (r *report) markdown() []byte {
 				viol = "**FAIL " + viol + "**"
 			}
 			w("| %s | %s | %s | %s | %s | %s | %s |\n", s.name,
-				r.res.get("con.acq", s.key).format(num), r.res.get("con.handoffs", s.key).format(num),
-				r.res.get("con.share", s.key).format(pctUnit), r.res.get("con.longest", s.key).format(msUnit),
-				viol, r.res.get("con.vsfloor", s.key).format(ratio))
+				r.res.get("con.acq", s.key).format(num, ""), r.res.get("con.handoffs", s.key).format(num, ""),
+				r.res.get("con.share", s.key).format(pctNum, " %"), r.res.get("con.longest", s.key).format(num, " ms"),
+				viol, r.res.get("con.vsfloor", s.key).format(ratioNum, "×"))
 		}
 		w("\n")
 	}
@@ -263,8 +273,8 @@ func (r *report) markdown() []byte {
 			if !r.res.get("hand.p50", s.key).ok() {
 				continue
 			}
-			w("| %s | %s | %s | %s |\n", s.name, r.res.get("hand.p50", s.key).format(msUnit),
-				r.res.get("hand.p99", s.key).format(msUnit), r.res.get("hand.ratio", s.key).format(ratio))
+			w("| %s | %s | %s | %s |\n", s.name, r.res.get("hand.p50", s.key).format(num, " ms"),
+				r.res.get("hand.p99", s.key).format(num, " ms"), r.res.get("hand.ratio", s.key).format(ratioNum, "×"))
 		}
 		w("\n")
 	}
@@ -274,8 +284,8 @@ func (r *report) markdown() []byte {
 			if !r.res.get("idle.per", s.key).ok() {
 				continue
 			}
-			w("| %s | %s | %s | %s | %s |\n", s.name, s.countDesc, r.res.get("idle.base", s.key).format(perSUnit),
-				r.res.get("idle.wait", s.key).format(perSUnit), r.res.get("idle.per", s.key).format(perSUnit))
+			w("| %s | %s | %s | %s | %s |\n", s.name, s.countDesc, r.res.get("idle.base", s.key).format(num, "/s"),
+				r.res.get("idle.wait", s.key).format(num, "/s"), r.res.get("idle.per", s.key).format(num, "/s"))
 		}
 		w("\n")
 	}
@@ -285,8 +295,8 @@ func (r *report) markdown() []byte {
 			if !r.res.get("many.acq", s.key).ok() {
 				continue
 			}
-			w("| %s | %s | %s | %s |\n", s.name, r.res.get("many.acq", s.key).format(func(v float64) string { return num(v) + " s" }),
-				r.res.get("many.rate", s.key).format(num), r.res.get("many.stmts", s.key).format(perSUnit))
+			w("| %s | %s | %s | %s |\n", s.name, r.res.get("many.acq", s.key).format(num, " s"),
+				r.res.get("many.rate", s.key).format(num, ""), r.res.get("many.stmts", s.key).format(num, "/s"))
 		}
 		w("\n")
 	}
@@ -300,7 +310,7 @@ func (r *report) markdown() []byte {
 			w("| free-row age | this build of the benchmark has no `dsync.WithFreeRowAge` (build tag `freerowage` not set): nothing deletes rows |\n")
 		}
 		w("| lock table at its peak | %s rows |\n", groupThousands(n.peakRows))
-		w("| lock table size after the pass | %s |\n", bytesUnit(n.peakBytes))
+		w("| lock table size at its peak | %s |\n", bytesUnit(n.peakBytes))
 		w("| back to ≤ 1 %% of the peak | %s |\n", backAfter(n))
 		w("| lock table at the end (%.0f s after the last `Unlock`) | %s rows, %s |\n", n.waited.Seconds(), groupThousands(n.finalRows), bytesUnit(n.finalBytes))
 		w("| names locked again, fence above the recorded one | %s of %s |\n", groupThousands(int64(n.sampled)-n.fenceRepeats), groupThousands(int64(n.sampled)))
@@ -401,12 +411,15 @@ func (r *report) svg() []byte {
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	w(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	w(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
-	mode := ""
-	if r.p.quick {
-		mode = ", quick mode"
+	what := fmt.Sprintf("medians of %d runs", r.p.runs)
+	if r.p.runs == 1 {
+		what = "one run"
 	}
-	w(`<text x="%d" y="22" font-size="15" font-weight="bold">dsync and its peers: medians of %d runs%s, %s (log scales)</text>`+"\n",
-		left, r.p.runs, mode, html.EscapeString(r.began.UTC().Format("2006-01-02")))
+	if r.p.quick {
+		what += ", quick mode"
+	}
+	w(`<text x="%d" y="22" font-size="15" font-weight="bold">dsync and its peers: %s, %s (log scales)</text>`+"\n",
+		left, what, html.EscapeString(r.began.UTC().Format("2006-01-02")))
 	y := 50
 	for _, p := range panels {
 		w(`<text x="%d" y="%d" font-size="13" font-weight="bold">%s</text>`+"\n", left, y, html.EscapeString(p.title))
@@ -428,7 +441,17 @@ func (r *report) svg() []byte {
 			}
 			return math.Max(1, (math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))*barW)
 		}
-		top := y
+		top, bottom := y, y+rowH*len(p.bars)
+		// Grid and axis first, with a tick at every power of ten.
+		w(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#666"/>`+"\n", left+labelW, bottom+2, left+labelW+barW, bottom+2)
+		for t := lo; t <= hi*1.0001; t *= 10 {
+			tx := float64(left+labelW) + x(t)
+			if t == lo {
+				tx = float64(left + labelW)
+			}
+			w(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", tx, top, tx, bottom+2)
+			w(`<text x="%.1f" y="%d" text-anchor="middle" fill="#666" font-size="10">%s</text>`+"\n", tx, bottom+14, strconv.FormatFloat(t, 'f', -1, 64))
+		}
 		for i, br := range p.bars {
 			ry := y + i*rowH
 			label := br.label
@@ -443,18 +466,7 @@ func (r *report) svg() []byte {
 			w(`<rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/>`+"\n", left+labelW, ry+3, bw, rowH-6, br.color)
 			w(`<text x="%.1f" y="%d" fill="#222">%s</text>`+"\n", float64(left+labelW)+bw+5, ry+15, html.EscapeString(br.value))
 		}
-		y += rowH * len(p.bars)
-		// Axis with a tick at every power of ten.
-		w(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#666"/>`+"\n", left+labelW, y+2, left+labelW+barW, y+2)
-		for t := lo; t <= hi*1.0001; t *= 10 {
-			tx := float64(left+labelW) + x(t)
-			if t == lo {
-				tx = float64(left + labelW)
-			}
-			w(`<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", tx, top, tx, y+2)
-			w(`<text x="%.1f" y="%d" text-anchor="middle" fill="#666" font-size="10">%s</text>`+"\n", tx, y+14, strings.TrimSuffix(num(t), ".000"))
-		}
-		y += 44
+		y = bottom + 44
 	}
 	w("</svg>\n")
 	return b.Bytes()

@@ -78,17 +78,17 @@ func (s spread) max() float64 {
 	return v[len(v)-1]
 }
 
-// format prints the median and, over several runs, the range, with f
-// formatting each number.
-func (s spread) format(f func(float64) string) string {
+// format prints the median with its unit and, over several runs, the
+// range without it: "4.68 ms (4.57–5.81)". f formats a bare number.
+func (s spread) format(f func(float64) string, unit string) string {
 	if !s.ok() {
 		return "n/a"
 	}
 	v := s.sorted()
 	if len(v) == 1 {
-		return f(v[0])
+		return f(v[0]) + unit
 	}
-	return fmt.Sprintf("%s (%s–%s)", f(s.median()), f(v[0]), f(v[len(v)-1]))
+	return fmt.Sprintf("%s%s (%s–%s)", f(s.median()), unit, f(v[0]), f(v[len(v)-1]))
 }
 
 // num formats a figure with a precision fitting its size.
@@ -110,8 +110,9 @@ func num(v float64) string {
 	}
 }
 
-// ratio formats a ratio such as 1.14×.
-func ratio(v float64) string { return fmt.Sprintf("%.2f×", v) }
+// ratio formats a ratio such as 1.14×; ratioNum without the sign.
+func ratio(v float64) string    { return ratioNum(v) + "×" }
+func ratioNum(v float64) string { return fmt.Sprintf("%.2f", v) }
 
 // groupThousands formats n with commas: 1,000,000.
 func groupThousands(n int64) string {
