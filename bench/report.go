@@ -307,7 +307,7 @@ func (r *report) markdown() []byte {
 		if n.cleanup {
 			w("| free-row age (`dsync.WithFreeRowAge`) | %v |\n", n.age)
 		} else {
-			w("| free-row age | this build of the benchmark has no `dsync.WithFreeRowAge` (build tag `freerowage` not set): nothing deletes rows |\n")
+			w("| free-row age | the dsync measured has no `dsync.WithFreeRowAge` (`make bench-peers` builds with tag `freerowage` when it has): nothing deletes rows |\n")
 		}
 		w("| lock table at its peak | %s rows |\n", groupThousands(n.peakRows))
 		w("| lock table size at its peak | %s |\n", bytesUnit(n.peakBytes))
