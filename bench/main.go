@@ -107,7 +107,7 @@ func run() error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	began := time.Now()
+	began, revision := time.Now(), dsyncRevision()
 
 	srv, err := startServers(ctx)
 	if err != nil {
@@ -245,7 +245,7 @@ func run() error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("interrupted: %w", err)
 	}
-	rep := report{p: p, res: res, names: names, srv: srv, began: began, took: time.Since(began), failures: failures}
+	rep := report{p: p, res: res, names: names, srv: srv, began: began, revision: revision, took: time.Since(began), failures: failures}
 	if err := os.MkdirAll(p.out, 0o755); err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ type report struct {
 	names    *namesResult // nil when the scenario was not run or failed
 	srv      *servers
 	began    time.Time
+	revision string // of the dsync measured, read as the run began
 	took     time.Duration
 	failures []error
 }
@@ -184,7 +185,7 @@ func (r *report) markdown() []byte {
 	w("| MariaDB | %s, throwaway server started by `internal/mariadb` (default settings: `innodb_flush_log_at_trx_commit=1`, binary log off) |\n", r.srv.versions["mariadb"])
 	w("| Redis | %s (Debian's `redis-server`), two servers: %s; and %s |\n", r.srv.versions["redis"], r.srv.redis[0].desc, r.srv.redis[1].desc)
 	w("| etcd | %s, embedded (`go.etcd.io/etcd/server/v3/embed`), one member, default settings (WAL fsynced on every commit) |\n", r.srv.versions["etcd"])
-	w("| dsync | %s |\n", dsyncRevision())
+	w("| dsync | %s |\n", r.revision)
 	w("\nClients, servers and this program share the machine, all over 127.0.0.1: absolute times are noise on a small shared box, the ratios to the floor measured in the same run are the figures to compare. Every figure is the median of the runs with the range (min–max) in brackets.\n\n")
 	w("![Uncontended Lock+Unlock p50 as a multiple of the floor, and handoff p50 between sessions, per lock system](benchmarks.svg)\n\n")
 

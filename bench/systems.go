@@ -384,7 +384,7 @@ func newEtcdSession(ctx context.Context, endpoint string, rpcs *atomic.Int64) (*
 	if err != nil {
 		return nil, err
 	}
-	s, err := concurrency.NewSession(c)
+	s, err := concurrency.NewSession(c, concurrency.WithContext(ctx))
 	if err != nil {
 		c.Close()
 		return nil, err
