@@ -1,7 +1,12 @@
 # The README's two commands: make demo, make test.
 GO ?= go
 
-.PHONY: demo test bench bench-peers redis-server mariadb check test-galera
+# The oldest Go release the module supports: the go line of go.mod. make
+# test-oldest-go runs make test with it (the go command downloads that
+# toolchain through the module proxy when it is not in the module cache).
+OLDEST_GO ?= go1.24.13
+
+.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -13,6 +18,9 @@ test: mariadb
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt: $$unformatted"; exit 1; fi
 	$(GO) test -race -count=1 -timeout 10m ./...
+
+test-oldest-go:
+	$(MAKE) test GO='env GOTOOLCHAIN=$(OLDEST_GO) go'
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .

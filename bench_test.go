@@ -2,9 +2,13 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
+	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,4 +216,193 @@ func benchHandoff(b *testing.B, newLock func(*dsync.Session) (lock, unlock func(
 		b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "handoff-p50-ms")
 		b.ReportMetric(float64(samples[len(samples)*99/100].Microseconds())/1000, "handoff-p99-ms")
 	}
+}
+
+// BenchmarkMutexContended4Sessions has 4 sessions (each on its own
+// *sql.DB, as 4 processes would be) loop Lock+Unlock on one Mutex, and
+// reports the share of acquisitions that changed hands between sessions,
+// the longest wait in Lock, and the handoff latency (a release by one
+// session until another returns from Lock).
+func BenchmarkMutexContended4Sessions(b *testing.B) {
+	const sessions = 4
+	ctx := context.Background()
+	name := lockName(b)
+	var mus []*dsync.Mutex
+	for i := 0; i < sessions; i++ {
+		mus = append(mus, dsync.NewMutex(newSession(b), name))
+	}
+	var (
+		mu          sync.Mutex
+		remaining   = b.N
+		last        = -1
+		lastRelease time.Time
+		changed     int
+		longest     time.Duration
+		handoffs    []time.Duration
+		holders     atomic.Int32
+		violations  atomic.Int32
+	)
+	b.ResetTimer()
+	var g errgroup.Group
+	for i, m := range mus {
+		g.Go(func() error {
+			for {
+				start := time.Now()
+				if err := m.Lock(ctx); err != nil {
+					return err
+				}
+				now := time.Now()
+				if holders.Add(1) != 1 {
+					violations.Add(1)
+				}
+				mu.Lock()
+				longest = max(longest, now.Sub(start))
+				if last != -1 && last != i {
+					changed++
+					handoffs = append(handoffs, now.Sub(lastRelease))
+				}
+				last = i
+				done := remaining <= 0
+				remaining--
+				mu.Unlock()
+				holders.Add(-1)
+				mu.Lock()
+				lastRelease = time.Now()
+				mu.Unlock()
+				if err := m.Unlock(ctx); err != nil {
+					return err
+				}
+				if done {
+					return nil
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	if v := violations.Load(); v != 0 {
+		b.Fatalf("%d violations: two holders at once", v)
+	}
+	b.ReportMetric(float64(changed)/float64(b.N), "changed-hands")
+	b.ReportMetric(float64(longest.Microseconds())/1000, "longest-wait-ms")
+	if len(handoffs) > 0 {
+		slices.Sort(handoffs)
+		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds())/1000, "handoff-p50-ms")
+		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds())/1000, "handoff-p99-ms")
+	}
+}
+
+var sweepRows = flag.Int("sweeprows", 100_000, "free lock rows each sweep benchmark op cleans up")
+
+// fillLockRows inserts n free lock rows, 'user/0' to 'user/<n-1>', into the
+// lock table of prefix, with one statement: the cross join of as many
+// digit tables as n has digits.
+func fillLockRows(b *testing.B, db *sql.DB, prefix string, n int) {
+	b.Helper()
+	digits, numbers := []string{}, []string{}
+	for i, scale := 0, 1; scale < n; i, scale = i+1, scale*10 {
+		digits = append(digits, fmt.Sprintf("(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 "+
+			"UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) d%d", i))
+		numbers = append(numbers, fmt.Sprintf("%d * d%d.d", scale, i))
+	}
+	fill := fmt.Sprintf("INSERT INTO `%slock` (name, fence) SELECT CONCAT('user/', n), 1 FROM (SELECT %s AS n FROM %s) x WHERE n < ?",
+		prefix, strings.Join(numbers, " + "), strings.Join(digits, " CROSS JOIN "))
+	if _, err := db.Exec(fill, n); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkSweep measures the clean-up of free rows (WithFreeRowAge): each
+// op fills a fresh lock table with -sweeprows free rows (untimed), then runs
+// one pass that marks them all and one that deletes them all. It reports
+// the seconds of each pass, which grow with the rows (a pass walks the whole
+// table), e.g. go test -run '^$' -bench '^BenchmarkSweep$' -benchtime 1x . -args -sweeprows 1000000.
+func BenchmarkSweep(b *testing.B) {
+	db := dbtest.Open(b)
+	prefix := freshPrefix("bsweep")
+	s := newSession(b, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))
+	n := *sweepRows
+	var mark, del time.Duration
+	ops := 0
+	for b.Loop() {
+		ops++
+		b.StopTimer()
+		fillLockRows(b, db, prefix, n)
+		b.StartTimer()
+		start := time.Now()
+		_, marked := dsync.SweepPass(s, time.Hour)
+		mark += time.Since(start)
+		start = time.Now()
+		deleted, _ := dsync.SweepPass(s, 0)
+		del += time.Since(start)
+		if marked != int64(n) || deleted != int64(n) {
+			b.Fatalf("rows marked, deleted: got %d, %d; want %d, %d", marked, deleted, n, n)
+		}
+	}
+	b.ReportMetric(mark.Seconds()/float64(ops), "s/mark-pass")
+	b.ReportMetric(del.Seconds()/float64(ops), "s/delete-pass")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkMutexDuringSweep measures what the clean-up costs lock traffic:
+// a goroutine locks and unlocks a Mutex whose row lies amid -sweeprows free
+// rows of the same table, through a session of its own, first for as long
+// as the passes will take with nothing else running (idle), then while one
+// pass marks all the rows and another deletes them (sweep). It reports the
+// 50th and 99th percentile and the longest Lock+Unlock of each phase.
+func BenchmarkMutexDuringSweep(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.Open(b)
+	prefix := freshPrefix("bsweeplock")
+	sweeper := newSession(b, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))
+	// 'user/5hot' sorts amid the filled names, between 'user/59..9' and 'user/6'.
+	m := dsync.NewMutex(newSession(b, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0)), "user/5hot")
+	measure := func(stop <-chan struct{}) []time.Duration {
+		var took []time.Duration
+		for {
+			select {
+			case <-stop:
+				return took
+			default:
+			}
+			start := time.Now()
+			mustLock(b, m, ctx)
+			mustUnlock(b, m, ctx)
+			took = append(took, time.Since(start))
+		}
+	}
+	var idle, sweep []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		fillLockRows(b, db, prefix, *sweepRows)
+		b.StartTimer()
+		stop, done := make(chan struct{}), make(chan []time.Duration)
+		go func() { done <- measure(stop) }()
+		start := time.Now()
+		dsync.SweepPass(sweeper, time.Hour)
+		dsync.SweepPass(sweeper, 0)
+		took := time.Since(start)
+		close(stop)
+		sweep = append(sweep, <-done...)
+		b.StopTimer()
+		stop = make(chan struct{})
+		go func() { done <- measure(stop) }()
+		time.Sleep(took)
+		close(stop)
+		idle = append(idle, <-done...)
+		b.StartTimer()
+	}
+	for _, phase := range []struct {
+		name string
+		took []time.Duration
+	}{{"idle", idle}, {"sweep", sweep}} {
+		slices.Sort(phase.took)
+		n := len(phase.took)
+		b.ReportMetric(float64(phase.took[n/2].Microseconds())/1000, phase.name+"-p50-ms")
+		b.ReportMetric(float64(phase.took[n*99/100].Microseconds())/1000, phase.name+"-p99-ms")
+		b.ReportMetric(float64(phase.took[n-1].Microseconds())/1000, phase.name+"-max-ms")
+	}
+	b.ReportMetric(0, "ns/op")
 }

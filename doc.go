@@ -11,12 +11,25 @@
 // first: [Session.Done] closes before the database would let anyone else
 // take its locks.
 //
-// Lock blocks (polling with jittered exponential back-off) until the lock is
-// free, honours ctx, and hands out a fencing token ([Mutex.Fence]) that is
+// Lock blocks until the lock is free, honours ctx, and hands out a fencing token ([Mutex.Fence]) that is
 // strictly greater for every acquisition of a name. Ownership travels in the
 // context ([WithOwner]): a lock taken with an owner is reentrant for it and
 // only it may unlock. Goroutines of one process contend on an in-process
 // mutex first, so only one of them at a time talks to the database.
+//
+// # Waiting
+//
+// A waiter in another process does not poll: it blocks in GET_LOCK on the
+// holder's doorbell, a named lock that the holder's session keeps on a
+// connection of its own and lets go when a release finds someone waiting,
+// and then tries the row again. The row stays the only source of truth;
+// a doorbell is only a hint, so a lost one costs time, never correctness.
+// A Mutex waiter of another process also claims the next hold, so that
+// neither the releasing process nor a faster one overtakes it; FairMutex
+// and RWMutex serve tickets in order. Where doorbells are not available
+// (a Galera cluster, where GET_LOCK is node-local and refused; a *sql.DB
+// with a connection limit, since doorbells take connections of their own)
+// waiters poll with the back-off of [WithBackOff].
 //
 // Errors are the sentinels of this package, wrapped with context: test them
 // with [errors.Is]. Misuse, such as unlocking a lock that is not held, is an
@@ -24,15 +37,70 @@
 //
 // # Tables
 //
-// NewSession creates, when they are missing, four tables (names with the prefix of
-// [WithTablePrefix], default "dsync_"): lease, one row per live session;
-// lock, one row per Mutex name ever used; queue, one row per FairMutex or
-// RWMutex name ever used; ticket, one row per waiter or holder of those.
-// Rows of lock and queue are kept, and a row created anew starts its fences
-// at the server's UTC clock in microseconds, so fences never go back. See
-// queries.go for every statement dsync sends, and [Session] for the
-// connections dsync keeps and the session settings it pins on them.
+// NewSession creates, when they are missing, five tables (names with the
+// prefix of [WithTablePrefix], default "dsync_"): schema, the version of the
+// tables and the state of their clean-up; lease, one row per live session;
+// lock, one row per Mutex name in use; queue, one row per FairMutex or
+// RWMutex name in use; ticket, one row per waiter or holder of those. Rows
+// of lock and queue that have been free for an hour ([WithFreeRowAge]) are
+// deleted in the background, and a row created anew starts its fences
+// above every fence its name had, so fences never go back. See queries.go
+// for every statement dsync sends, and [Session] for the connections dsync
+// keeps and the session settings it pins on them.
 //
 // Mutex has a lock space of its own; FairMutex and RWMutex share another,
 // in which a FairMutex is the write side of the RWMutex of the same name.
+//
+// # Operators
+//
+// [Schema] returns the statements that create the tables, [ListLocks] and
+// [LockHolders] list the holds of live sessions, and [ForceRelease] frees
+// a stuck Mutex. The dsync command (cmd/dsync) is built on them: it runs a
+// command while holding a lock, and lists and frees locks from a shell.
+//
+// # Statistics
+//
+// [Session.Stats] counts a session's holds, waiters, acquisitions, waits,
+// renewals and orphans without a database call; publish it with expvar or
+// any metrics library (see the example of Session.Stats).
+//
+// # Logging
+//
+// A session logs to the [log/slog] logger of [WithLogger] (by default
+// nowhere). Every record has the attribute session, the lease id
+// ([Session.ID]); the others use these keys, each always with the same
+// meaning and type:
+//
+//	lock         string         the lock name
+//	kind         string         the lock space: "mutex" (Mutex) or "queue" (FairMutex, RWMutex)
+//	op           string         the call: "lock" (Lock of any kind) or "rlock" (RLock)
+//	err          error          what failed
+//	waited       time.Duration  from the call to its return
+//	acquired     bool           the call returned holding the lock
+//	attempt      int            renewals failed in a row, this one included
+//	deadline_in  time.Duration  time left before the session gives up on its lease
+//	token        int64          the acquisition token of an orphan (the token column)
+//	age          time.Duration  how long ago the orphan was recorded
+//
+// The records:
+//
+//	WARN  "dsync: waited long for a lock"            lock kind op waited acquired [err]
+//	WARN  "dsync: lease renewal failed; retrying"    err attempt deadline_in
+//	ERROR "dsync: session lost; its locks may belong to others now"  err
+//	INFO  "dsync: orphan freed"                      lock kind token age
+//	DEBUG "dsync: orphan not found; given up"        lock kind token age
+//	DEBUG "dsync: acquire failed; retrying"          lock kind err
+//	DEBUG "dsync: claim failed", "dsync: unclaim failed"  lock kind err
+//	DEBUG "dsync: purge failed"                      err
+//	INFO  "dsync: the server refuses GET_LOCK; waiters poll"  err
+//	DEBUG "dsync: doorbell failed", "dsync: doorbell ring failed"  err
+//	DEBUG "dsync: wait for doorbell failed"          lock kind err
+//
+// A Lock or RLock that waited (see [Stats]) at least the session's TTL is
+// logged when it returns, with the lock or without it (err). A renewal
+// that failed is retried until the session gives up on its lease: then
+// the session is lost. An orphan is a lock row or ticket that the session
+// frees in the background (see [Mutex.Unlock]); it is logged when freed,
+// or when it was not found for a minute (another statement freed it, or
+// the acquisition it was recorded for never landed).
 package dsync

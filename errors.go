@@ -48,8 +48,14 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently. Give this version a prefix of its own (WithTablePrefix),
-	// or drop the old tables once no process of the old version runs.
+	// differently (schema version 3 added the clean-up of free rows); dsync
+	// never alters tables. To move to this version, stop every process of
+	// the old one, drop the five tables of the prefix (schema, lease, lock,
+	// queue and ticket), and start the new processes, which create them
+	// again; fences of the new rows start at the database's clock in
+	// microseconds, above the old ones. Or give this version a prefix of its
+	// own (WithTablePrefix); the locks of the two versions are then apart,
+	// so processes of both must not share what the locks protect.
 	ErrSchemaVersion = errors.New("dsync: tables of another schema version")
 
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy

@@ -3,7 +3,9 @@ package dsync_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"expvar"
 	"fmt"
 	"log"
 	"sync"
@@ -145,6 +147,43 @@ func ExampleSession_Done() {
 		fmt.Println("session closed")
 	}
 	// Output: session closed
+}
+
+// A session's statistics published with expvar: GET /debug/vars on a
+// server using http.DefaultServeMux shows them as JSON. expvar.Publish
+// panics on a name already taken, so this one names the session.
+func ExampleSession_Stats() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+	name := fmt.Sprintf("dsync_session_%d", session.ID())
+	expvar.Publish(name, expvar.Func(func() any { return session.Stats() }))
+
+	m := dsync.NewMutex(session, "stats-example")
+	for range 2 {
+		if err := m.Lock(ctx); err != nil {
+			log.Fatal(err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	// What /debug/vars shows under that name.
+	var published dsync.Stats
+	if err := json.Unmarshal([]byte(expvar.Get(name).String()), &published); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("acquisitions:", published.Acquisitions, "held:", published.Held)
+	// Output: acquisitions: 2 held: 0
 }
 
 // The fence of each acquisition is strictly greater than any before it, so

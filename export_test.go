@@ -1,6 +1,10 @@
 package dsync
 
-import "github.com/cenkalti/backoff/v4"
+import (
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
 
 // Acquiring returns how many goroutines of s are acquiring a lock on the
 // database right now (as opposed to waiting in the local layer).
@@ -14,3 +18,22 @@ func NewBackOff(s *Session) backoff.BackOff { return s.opts.newBackOff() }
 // the past, without touching the keep-alive goroutine: what a process sees
 // after a pause (SIGSTOP, a VM pause) longer than its lease.
 func ExpireLocally(s *Session) { s.deadline.Store(0) }
+
+// WithSweep sets the free-row age and the sweep interval directly, below the
+// limits WithFreeRowAge enforces, so that tests see passes in milliseconds.
+func WithSweep(age, every time.Duration) Option {
+	return func(o *options) { o.freeRowAge, o.sweepEvery = age, every }
+}
+
+// SweepPasses returns how many sweep passes s has been elected to run.
+func SweepPasses(s *Session) int64 { return s.sweeps.Load() }
+
+// SweepPass runs one sweep pass on s at once, deleting the rows marked at
+// least age ago, and returns how many rows it deleted and marked. Give s
+// WithFreeRowAge(0), so that its own sweeper does not run beside it.
+func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
+	return s.sweep(time.Hour, age)
+}
+
+// SchemaVersion is the version of the tables this code reads and writes.
+const SchemaVersion = schemaVersion

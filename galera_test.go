@@ -14,6 +14,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"os/exec"
 	"slices"
 	"strings"
@@ -40,6 +41,16 @@ type galeraDB struct {
 	base [galeraNodes]string // each node's DSN without a database
 	dsn  [galeraNodes]string // each node's DSN selecting the database
 	db   [galeraNodes]*sql.DB
+}
+
+// goCounted runs f in a goroutine that wg counts: sync.WaitGroup.Go, which
+// needs Go 1.25 (the module supports Go 1.24).
+func goCounted(wg *sync.WaitGroup, f func()) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f()
+	}()
 }
 
 // galeraRun runs scripts/galera.sh with args and returns its standard output,
@@ -419,7 +430,7 @@ func TestGaleraFairMutexFIFO(t *testing.T) {
 	lockCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for i, m := range waiters {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			time.Sleep(time.Duration(i) * gap)
 			if err := m.Lock(lockCtx); err != nil {
 				errs.add("waiter %d (node %d) Lock: %v", i, nodes[i]+1, err)
@@ -503,7 +514,7 @@ func simultaneousRounds(t *testing.T, rounds int, hold time.Duration,
 		for n := range galeraNodes {
 			lock, unlock, fence, read := role(r, n)
 			ready.Add(1)
-			done.Go(func() {
+			goCounted(&done, func() {
 				ready.Done()
 				<-barrier
 				if err := lock(roundCtx); err != nil {
@@ -602,15 +613,13 @@ func TestGaleraRWMutexWriterVsReaders(t *testing.T) {
 // TestGaleraMutexShares has all three nodes contend for one Mutex for 10s,
 // two goroutines per node sharing the node's session: no node is starved
 // (no Lock waits longer than maxWait, which the claims of starving waiters
-// bound), with no overlap and increasing fences. Each node's share is
-// logged; issue 7 asks for at least 15% each, which this code does not
-// reliably reach yet (9-21% for the slowest node in runs so far), so only
-// minShare, far below, is asserted.
+// bound), each node gets at least minShare of the acquisitions, with no
+// overlap and increasing fences.
 func TestGaleraMutexShares(t *testing.T) {
 	const (
 		perNode  = 2
 		duration = 10 * time.Second
-		minShare = 0.05
+		minShare = 0.15
 		maxWait  = 2 * time.Second
 	)
 	g := newGaleraDB(t)
@@ -633,7 +642,7 @@ func TestGaleraMutexShares(t *testing.T) {
 	end := start.Add(duration)
 	for n := range galeraNodes {
 		for range perNode {
-			wg.Go(func() {
+			goCounted(&wg, func() {
 				m := mutexes[n]
 				for time.Now().Before(end) && errs.len() < 10 {
 					called := time.Now()
@@ -718,7 +727,7 @@ func TestGaleraConcurrentNewSessions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wg.Go(func() {
+			goCounted(&wg, func() {
 				defer db.Close()
 				<-barrier
 				start := time.Now()
@@ -764,7 +773,7 @@ func TestGaleraConcurrentNewSessions(t *testing.T) {
 		s := g.session(t, n, dsync.WithTablePrefix(prefix))
 		m := dsync.NewMutex(s, t.Name()+"/mutex")
 		f := dsync.NewFairMutex(s, t.Name()+"/fair")
-		background.Go(func() {
+		goCounted(&background, func() {
 			for {
 				select {
 				case <-stop:
@@ -911,7 +920,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	for n := range galeraNodes {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			select {
 			case <-sessions[n].Done():
 				now := time.Now()
@@ -945,7 +954,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 		return committed, nil
 	}
 	for n := range galeraNodes {
-		wg.Go(func() {
+		goCounted(&wg, func() {
 			m := dsync.NewMutex(sessions[n], name)
 			afterKill := func() bool { return n == victim && killedAt.Load() != nil }
 			fail := func(format string, args ...any) bool {
@@ -1006,7 +1015,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 	probes := [galeraNodes - 1]probe{}
 	probeStop := make(chan struct{})
 	for n := range galeraNodes - 1 {
-		wg.Go(func() { probes[n].run(g.db[n], g.name+".probe", n+1, probeStop) })
+		goCounted(&wg, func() { probes[n].run(g.db[n], g.name+".probe", n+1, probeStop) })
 	}
 
 	time.Sleep(warmUp)
@@ -1213,6 +1222,133 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 		if value != logged || value != ok+landedUnknown || missing != 0 {
 			t.Errorf("node %d: counter %d; want %d (committed %d + landed unknown %d), log rows %d, committed but missing %d",
 				n+1, value, ok+landedUnknown, ok, landedUnknown, logged, missing)
+		}
+	}
+}
+
+// TestGaleraSweep runs the clean-up of free rows on every node (a session
+// per node, each sweeping with the smallest age, 1s) while two goroutines
+// per node lock and unlock a Mutex, a FairMutex and an RWMutex (write and
+// read) with pauses of up to 3s, so that rows are deleted through one node
+// while another node locks them. No two holders may overlap, the fences of
+// each name must increase in acquisition order, a Mutex touched every 5s,
+// through each node in turn, must have its row deleted between touches (its
+// fence jumps when its row is created again), and once the traffic stops
+// the tables must empty.
+func TestGaleraSweep(t *testing.T) {
+	const duration = 20 * time.Second
+	g := newGaleraDB(t)
+	var sessions [galeraNodes]*dsync.Session
+	for n := range galeraNodes {
+		sessions[n] = g.session(t, n, dsync.WithFreeRowAge(time.Second))
+	}
+	type named struct {
+		det    overlapDetector
+		fences fenceLog
+	}
+	mutex, fair, rw, cold := &named{}, &named{}, &named{}, &named{}
+	base := lockName(t)
+	var errs errorLog
+	ctx, cancel := context.WithTimeout(context.Background(), duration+time.Minute)
+	defer cancel()
+	exclusive := func(what *named, fence int64) {
+		what.det.enter()
+		what.fences.add(fence)
+		time.Sleep(time.Duration(mrand.N(5000)) * time.Microsecond)
+		what.det.leave()
+	}
+	end := time.Now().Add(duration)
+	var wg sync.WaitGroup
+	for n := range galeraNodes {
+		s := sessions[n]
+		for range 2 {
+			goCounted(&wg, func() {
+				for time.Now().Before(end) && errs.len() < 10 {
+					var err error
+					switch mrand.N(4) {
+					case 0:
+						m := dsync.NewMutex(s, base+"/mutex")
+						if err = m.Lock(ctx); err == nil {
+							exclusive(mutex, m.Fence())
+							err = m.Unlock(ctx)
+						}
+					case 1:
+						m := dsync.NewFairMutex(s, base+"/fair")
+						if err = m.Lock(ctx); err == nil {
+							exclusive(fair, m.Fence())
+							err = m.Unlock(ctx)
+						}
+					case 2:
+						m := dsync.NewRWMutex(s, base+"/rw")
+						if err = m.Lock(ctx); err == nil {
+							exclusive(rw, m.Fence())
+							err = m.Unlock(ctx)
+						}
+					default:
+						m := dsync.NewRWMutex(s, base+"/rw")
+						if err = m.RLock(ctx); err == nil {
+							rw.det.rEnter()
+							time.Sleep(time.Duration(mrand.N(5000)) * time.Microsecond)
+							rw.det.rLeave()
+							err = m.RUnlock(ctx)
+						}
+					}
+					if err != nil {
+						errs.add("node %d: %v", n+1, err)
+					}
+					time.Sleep(time.Duration(mrand.N(3000)) * time.Millisecond)
+				}
+			})
+		}
+	}
+	goCounted(&wg, func() {
+		for i := 0; time.Now().Before(end) && errs.len() < 10; i++ {
+			m := dsync.NewMutex(sessions[i%galeraNodes], base+"/cold")
+			err := m.Lock(ctx)
+			if err == nil {
+				exclusive(cold, m.Fence())
+				err = m.Unlock(ctx)
+			}
+			if err != nil {
+				errs.add("node %d, cold: %v", i%galeraNodes+1, err)
+			}
+			time.Sleep(5 * time.Second)
+		}
+	})
+	wg.Wait()
+	if errs.len() > 0 {
+		t.Errorf("%v", &errs)
+	}
+	for name, what := range map[string]*named{"Mutex": mutex, "FairMutex": fair, "RWMutex": rw, "cold Mutex": cold} {
+		if n := what.det.overlaps.Load(); n != 0 {
+			t.Errorf("%s: overlaps: got %d; want 0", name, n)
+		}
+		if n, first := what.fences.decreases(); n != 0 {
+			t.Errorf("%s: fences not increasing in acquisition order: %d times, first: %s", name, n, first)
+		}
+		recreated := 0
+		for i := 1; i < len(what.fences.fences); i++ {
+			if what.fences.fences[i] > what.fences.fences[i-1]+1 {
+				recreated++ // only a row created anew skips fences
+			}
+		}
+		t.Logf("%s: %d exclusive acquisitions, row created again %d times", name, len(what.fences.fences), recreated)
+		if what == cold && recreated == 0 {
+			t.Errorf("cold Mutex: row never created again in %d acquisitions 5s apart; want the sweep to delete it between them",
+				len(what.fences.fences))
+		}
+	}
+	db := g.synced(t, 0)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var rows int
+		if err := db.QueryRow("SELECT (SELECT COUNT(*) FROM dsync_lock) + (SELECT COUNT(*) FROM dsync_queue)").Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if rows == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock and queue rows 30s after the traffic stopped: got %d; want 0", rows)
 		}
 	}
 }

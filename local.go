@@ -75,14 +75,15 @@ func (r registry[T]) lookup(name string) *T {
 // false when another goroutine has it), otherwise blocking until it is free,
 // ctx ends or the session ends.
 func (s *Session) enter(ctx context.Context, l *localLock, wait bool) (bool, error) {
-	if !wait {
-		select {
-		case l.sem <- struct{}{}:
-			return true, nil
-		default:
+	select {
+	case l.sem <- struct{}{}:
+		return true, nil
+	default:
+		if !wait {
 			return false, nil
 		}
 	}
+	noteWait(ctx) // another goroutine of the process holds or is acquiring the lock
 	select {
 	case l.sem <- struct{}{}:
 		return true, nil

@@ -188,6 +188,8 @@ func TestNewSessionBadOptions(t *testing.T) {
 		{"nil logger", db, []dsync.Option{dsync.WithLogger(nil)}},
 		{"label over 255 bytes", db, []dsync.Option{dsync.WithLabel(strings.Repeat("l", 256))}},
 		{"label not UTF-8", db, []dsync.Option{dsync.WithLabel("\xff")}},
+		{"negative free-row age", db, []dsync.Option{dsync.WithFreeRowAge(-time.Hour)}},
+		{"free-row age below 1s", db, []dsync.Option{dsync.WithFreeRowAge(time.Millisecond)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

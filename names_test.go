@@ -419,6 +419,9 @@ func testBadOptions(t *testing.T, db *sql.DB) {
 		{"nil logger", db, []dsync.Option{dsync.WithLogger(nil)}},
 		{"label not UTF-8", db, []dsync.Option{dsync.WithLabel("a\xc3")}},
 		{"label of 256 bytes", db, []dsync.Option{dsync.WithLabel(strings.Repeat("l", 256))}},
+		{"free-row age -1ns", db, []dsync.Option{dsync.WithFreeRowAge(-1)}},
+		{"free-row age 999ms", db, []dsync.Option{dsync.WithFreeRowAge(999 * time.Millisecond)}},
+		{"free-row age MinInt64", db, []dsync.Option{dsync.WithFreeRowAge(math.MinInt64)}},
 		{"nil Option", db, []dsync.Option{nil}},
 		{"nil Option after good ones", db, []dsync.Option{dsync.WithTTL(time.Second), nil}},
 		{"good then bad", db, []dsync.Option{dsync.WithLogger(slog.Default()), dsync.WithTTL(0)}},
@@ -448,7 +451,8 @@ func testBadOptions(t *testing.T, db *sql.DB) {
 	}
 	// The boundary values next to the bad ones are accepted.
 	for _, opt := range []dsync.Option{dsync.WithTTL(time.Second), dsync.WithTablePrefix(strings.Repeat("p", 32)),
-		dsync.WithLabel(strings.Repeat("é", 127) + "x"), dsync.WithBackOff(func() backoff.BackOff { return &backoff.ZeroBackOff{} })} {
+		dsync.WithLabel(strings.Repeat("é", 127) + "x"), dsync.WithBackOff(func() backoff.BackOff { return &backoff.ZeroBackOff{} }),
+		dsync.WithFreeRowAge(0), dsync.WithFreeRowAge(time.Second), dsync.WithFreeRowAge(math.MaxInt64)} {
 		s, err := dsync.NewSession(context.Background(), db, opt)
 		if err != nil {
 			t.Fatalf("NewSession with a boundary value: got %v; want nil", err)

@@ -2,7 +2,7 @@ package dsync
 
 import "strings"
 
-// All SQL that dsync sends lives in this file. Each statement names its
+// All SQL that dsync sends lives in this file (admin.go's in queries_admin.go). Each statement names its
 // arguments (in order) and what its result means. "{lease}", "{lock}",
 // "{queue}", "{ticket}" and "{schema}" stand for the session's table names: the table
 // prefix, validated by NewSession to [A-Za-z0-9_]{0,32}, plus the table's
@@ -12,25 +12,32 @@ import "strings"
 
 // Schema. Every time is the server's clock in UTC (UTC_TIMESTAMP(6)), never
 // NOW(), which follows each connection's time_zone and jumps at daylight
-// saving changes. A name's fence never goes back: lock and queue rows are
-// never deleted by dsync, and a row created anew (after an operator deleted
-// one) starts from the server's UTC clock in microseconds (qFenceSeed),
-// above every fence an earlier row of the name can have reached.
+// saving changes. A name's fence never goes back, although lock and queue
+// rows that have been free for the free-row age (WithFreeRowAge) are
+// deleted by a background sweep (see "Clean-up of free rows" below): the
+// sweep records the highest fence it is about to delete in {schema}
+// (deleted_fence) before it deletes, and a row created anew starts its
+// fences (qFenceSeed) above that record and at least at the server's UTC
+// clock in microseconds, so above every fence an earlier row of the name
+// reached, whether the sweep or an operator deleted it.
 const (
 	// qCreateLease creates the lease table: one row per live Session.
 	// expires_at is on the server's UTC clock; a lease is live while
 	// expires_at > UTC_TIMESTAMP(6). id is chosen at random by the session
 	// (never AUTO_INCREMENT, which can go back and hand a new session the id
-	// of a crashed one, with its stranded locks).
+	// of a crashed one, with its stranded locks). bell is the generation of
+	// the session's doorbell (see bell.go), 0 while it has none.
 	qCreateLease = `CREATE TABLE IF NOT EXISTS {lease} (
   id         BIGINT       NOT NULL PRIMARY KEY,
   label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
   created_at DATETIME(6)  NOT NULL,
   expires_at DATETIME(6)  NOT NULL,
+  bell       BIGINT       NOT NULL DEFAULT 0,
   KEY expires_at_idx (expires_at)
 ) ENGINE=InnoDB`
 
-	// qCreateLock creates the lock table: one row per lock name ever used.
+	// qCreateLock creates the lock table: one row per lock name in use (see
+	// "Clean-up of free rows" for when a row goes).
 	// holder is the lease id of the holding session (0: free), token the
 	// holder's per-acquisition token (chosen by the client before the write,
 	// so an ambiguous acquire can be undone), fence the fencing token of the
@@ -44,14 +51,26 @@ const (
 	// claimed_until (server UTC) no other session takes the row when it
 	// falls free, so a waiter, on another node of a cluster or behind a
 	// process that releases and re-acquires at once, is not overtaken for
-	// ever. Any acquisition clears the claim.
+	// ever. Any acquisition clears the claim. A claim whose session has
+	// ended counts for nothing.
+	//
+	// wanted_until (server UTC) says that sessions wait for the lock until
+	// then: a release before it rings the holder's doorbell (see bell.go).
+	//
+	// idle_since and idle_fence are the sweep's mark (see qLockSweepMark):
+	// when a sweep pass found the row free, and its fence then. Lock
+	// statements never read or write them; an acquisition changes fence,
+	// which voids the mark.
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name          VARBINARY(255) NOT NULL PRIMARY KEY,
   holder        BIGINT         NOT NULL DEFAULT 0,
   token         BIGINT         NOT NULL DEFAULT 0,
   fence         BIGINT         NOT NULL DEFAULT 0,
   waiter        BIGINT         NOT NULL DEFAULT 0,
-  claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
+  claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  wanted_until  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  idle_since    DATETIME(6)    NULL,
+  idle_fence    BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 )
 
@@ -62,11 +81,14 @@ const (
 	// the name's last ticket number handed out on a cluster (see
 	// qTicketNumber), fence the name's last fencing token. Enqueues lock this
 	// row (on a single server) or write it (on a cluster), which makes the
-	// tickets of one name commit in ticket order.
+	// tickets of one name commit in ticket order. idle_since and idle_fence
+	// are the sweep's mark, as in qCreateLock (see qQueueSweepMark).
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
-  name  VARBINARY(255) NOT NULL PRIMARY KEY,
-  seq   BIGINT         NOT NULL DEFAULT 0,
-  fence BIGINT         NOT NULL DEFAULT 0
+  name       VARBINARY(255) NOT NULL PRIMARY KEY,
+  seq        BIGINT         NOT NULL DEFAULT 0,
+  fence      BIGINT         NOT NULL DEFAULT 0,
+  idle_since DATETIME(6)    NULL,
+  idle_fence BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 
 	// qCreateTicket creates the queue entries: one row per waiter or holder
@@ -88,10 +110,16 @@ const (
 	// qCreateSchema creates the table that records which version of these
 	// tables the database holds: one row, written once by whichever session
 	// creates the tables first. NewSession refuses tables of another version
-	// (ErrSchemaVersion) instead of misreading them.
+	// (ErrSchemaVersion) instead of misreading them. The same row holds the
+	// sweep's state: swept_at, when the latest sweep pass was started (or
+	// last confirmed running) by some session (see qSweepElect), and
+	// deleted_fence, the highest fence of any lock or queue row the sweep
+	// may have deleted (see qSweepFloor and qFenceSeed).
 	qCreateSchema = `CREATE TABLE IF NOT EXISTS {schema} (
-  id      TINYINT NOT NULL PRIMARY KEY,
-  version INT     NOT NULL
+  id            TINYINT     NOT NULL PRIMARY KEY,
+  version       INT         NOT NULL,
+  swept_at      DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00',
+  deleted_fence BIGINT      NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 
 	// qSchemaRecord records this version, unless one is recorded already.
@@ -103,16 +131,29 @@ const (
 )
 
 // schemaVersion is the version of the tables this code reads and writes.
-// Version 1 (no version record) numbered tickets with AUTO_INCREMENT.
-const schemaVersion = 2
+// Version 1 (no version record) numbered tickets with AUTO_INCREMENT;
+// version 2 had no doorbells (lease.bell, lock.wanted_until) and no sweep
+// columns (idle_since, idle_fence, swept_at, deleted_fence).
+const schemaVersion = 3
 
-// qFenceSeed is the first fence of a row created anew: the server's UTC
-// clock in microseconds since 1970. A name's earlier row, if an operator
-// deleted one, was seeded the same way and then gained one per acquisition,
-// far fewer than one per microsecond, so the new row's fences are above all
-// of its fences (unless the server's clock stepped back by more than the
-// time since then). It is an expression, spliced into statements below.
-const qFenceSeed = `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))`
+// qFenceSeed is the first fence of a row created anew: the greater of the
+// server's UTC clock in microseconds since 1970 and one above the highest
+// fence the sweep has deleted (deleted_fence; the sweep records it before
+// it deletes, see qSweepFloor). So a name's row that the sweep deleted had
+// fences at most deleted_fence, and the new row's are above them whatever
+// the clocks do (a clock stepped back, or the nodes of a cluster
+// disagreeing). A row an operator deleted was seeded the same way and then
+// gained one per acquisition, far fewer than one per microsecond, so the
+// clock alone puts the new row above it (unless the server's clock stepped
+// back by more than the time since then). It is an expression, spliced
+// into statements below. Its read of the schema row is a primary-key
+// lookup; in an INSERT, at READ COMMITTED too, it takes a shared lock on
+// that row until the statement ends, so the sweep's own writes of the row
+// (one short single-row UPDATE each, a few per pass) and statements that
+// queue behind such a write wait for one another, for as long as one of
+// them runs.
+const qFenceSeed = `GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)),
+  COALESCE((SELECT deleted_fence FROM {schema} WHERE id = 1), 0) + 1)`
 
 // Connection setup, run once on every connection the session uses, so that
 // no DSN setting changes what a statement means: autocommit on (each lock
@@ -212,7 +253,9 @@ VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
 ON DUPLICATE KEY UPDATE
   holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
                           WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))
-              AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)),
+              AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+                   OR NOT EXISTS (SELECT 1 FROM {lease} w
+                                  WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6))),
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
   token = IF(holder < 0, ?, token),
@@ -235,8 +278,61 @@ WHERE name = ? AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
 	// this acquisition. Idempotent, so it also undoes an acquire whose
 	// outcome is unknown. Args: name, lease id, token. RowsAffected 1: freed;
 	// 0: this acquisition did not hold it (never landed, or lost).
-	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0
+	// LastInsertId 1 when it freed the row while sessions wait for it
+	// (wanted_until): the releaser then rings its doorbell.
+	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(wanted_until > UTC_TIMESTAMP(6))
 WHERE name = ? AND holder = ? AND token = ?`
+
+	// qLockWant says that this session waits for the lock (see
+	// wanted_until), and claims its next hold unless another waiter's claim
+	// is current (or renews its own). Args: want length in microseconds,
+	// lease id, lease id, lease id, claim length in microseconds, name. The assignments run left to
+	// right: waiter is decided on the old claimed_until, then claimed_until
+	// is set when the claim is this session's.
+	qLockWant = `UPDATE {lock} SET
+  wanted_until = GREATEST(wanted_until, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND),
+  waiter = IF(waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+              OR NOT EXISTS (SELECT 1 FROM {lease} w
+                             WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6)), ?, waiter),
+  claimed_until = IF(waiter = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, claimed_until)
+WHERE name = ?`
+
+	// qLockBell names the session a waiter of the lock waits on, and the
+	// generation of its doorbell: the live holder, else the live waiter
+	// whose claim is current (it takes the lock next), never the asking
+	// session, and how long that session's lease has left in microseconds
+	// (a waiter blocks no longer: a holder that stopped renewing, paused or
+	// cut off, never rings). Args: name, lease id. No row: nobody live has
+	// the lock or a claim on it; try to take it at once. bell 0: that
+	// session has no doorbell; poll.
+	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
+  ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6), k.waiter, 0))
+WHERE k.name = ? AND l.id <> ? AND l.expires_at > UTC_TIMESTAMP(6)
+ORDER BY l.id = k.holder DESC LIMIT 1`
+)
+
+// Doorbell statements (see bell.go). GET_LOCK names are per server (not per
+// database) and at most 64 characters: "dsync:" and the lease id and
+// generation in hexadecimal.
+const (
+	// qLeaseBell publishes the generation of the session's doorbell.
+	// Args: generation, lease id.
+	qLeaseBell = `UPDATE {lease} SET bell = ? WHERE id = ?`
+
+	// qBellTake takes the first doorbell of a session. Args: its name.
+	// Result 1: taken.
+	qBellTake = `SELECT GET_LOCK(?, 0)`
+
+	// qBellRing takes the session's next doorbell and rings the current
+	// one: whoever waits on it (qBellWait) wakes. Args: next name, current
+	// name. Result: 1 when the next one was taken.
+	qBellRing = `SELECT GET_LOCK(?, 0) + 0 * COALESCE(RELEASE_LOCK(?), 0)`
+
+	// qBellWait waits until a doorbell rings (or is already rung, or its
+	// session's connection went away), at most timeout seconds, and lets
+	// it go at once. Args: name, timeout in seconds (fractional), name. Result 1: rung;
+	// 0: timed out.
+	qBellWait = `SELECT IF(GET_LOCK(?, ?) = 1, RELEASE_LOCK(?), 0)`
 )
 
 // Queued lock statements.
@@ -289,6 +385,32 @@ WHERE name = ?`
              fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ?`
 
+	// qTicketRelease removes the ticket of a hold that is over (Unlock,
+	// RUnlock) and the marker that a waiter behind it left (qTicketWant).
+	// Args: name, lease id, token, -ticket. RowsAffected 2: a waiter
+	// waits on this session's doorbell; ring it.
+	qTicketRelease = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?) OR (seq = ? AND holder = 0))`
+
+	// qTicketAhead finds the nearest live ticket ahead of a waiting one
+	// that it conflicts with (see qTicketConflicts), its session's doorbell
+	// and how long that session's lease has left in microseconds: the
+	// waiter blocks on that doorbell (see bell.go). Args: name, ticket,
+	// mode. No row: nothing conflicting is ahead.
+	qTicketAhead = `SELECT t.seq, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
+ORDER BY t.seq DESC LIMIT 1`
+
+	// qTicketWant leaves a marker behind a ticket (seq -ticket, holder 0,
+	// never live, so every check skips it) that says a waiter waits for it:
+	// its release (qTicketRelease) deletes the marker too and rings. It
+	// locks the ticket it reads, so a release either comes after it and
+	// finds the marker, or came before and the ticket is gone. Args: name,
+	// ticket. LastInsertId 1: the ticket was there (marker left, or left
+	// already by another waiter); 0: it is gone, check again at once.
+	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
+SELECT t.name, -t.seq, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
+
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
 	// whose insert had an unknown outcome. Args: name, lease id, token.
@@ -324,6 +446,138 @@ WHERE l.id IS NULL LIMIT 1000`
 	qTicketPurge = `DELETE FROM {ticket} WHERE name = ? AND seq = ? AND holder = ?`
 )
 
+// Clean-up of free rows (see WithFreeRowAge and sweep.go). A sweep pass
+// walks the lock table, then the queue table, in primary-key order, in
+// batches of at most sweepBatch names: qLockBatchEnd finds the batch's last
+// name, and every other statement of the batch is bounded by
+// name > after AND name <= last. Per batch it reads
+// what there is to do (qLockSweepRead: no locks), then, only when needed,
+// records the fence floor (qSweepFloor, read back with qSweepFloorRead),
+// deletes the rows that are ready (qLockSweepDelete) and marks the rows
+// that are free now (qLockSweepMark).
+// Each is its own short autocommit statement at READ COMMITTED, so lock
+// traffic waits for the sweep at most one statement of one batch.
+//
+// A lock row is free when its holder is 0 or names a lease that has ended
+// or is gone (lease ids are random and never reused, and an ended lease is
+// never renewed, so such a holder never holds again), and no waiter's claim
+// on it is current. A pass marks a free row with the time and its fence
+// (idle_since, idle_fence); a later pass deletes it when the mark is at
+// least the free-row age old and the fence is still the marked one: every
+// acquisition adds one to the fence, so the row has not been taken since
+// it was found free. The delete checks all of it again on the latest
+// version of the row, under the row lock it takes, so an acquisition
+// committed meanwhile keeps the row; one that comes after the delete finds
+// no row and creates it (qLockAcquire), its fence seeded by qFenceSeed.
+//
+// A queue row is free when no ticket of its name exists. The delete and
+// the mark check that too, but a ticket inserted while the delete runs may
+// be missed (the check reads the ticket table as of the statement's
+// start). That is harmless: the queue row only holds counters, the line is
+// the ticket table, and every statement that needs the row (qTicketInsert,
+// qTicketNumber, qTicketTake) reports a missing row, which queue.go
+// creates again with qQueueCreate, seeded above every earlier fence and
+// ticket number, before it runs again.
+const (
+	// qSweepElect elects the session that runs the next sweep pass, once per
+	// interval across every session of the tables: it succeeds only when no
+	// pass started (or confirmed it was still running, qSweepHold) within
+	// the interval. Args: interval in microseconds. RowsAffected 1: this
+	// session runs a pass now (the value written always differs from the
+	// one matched, so RowsAffected means the same with clientFoundRows).
+	qSweepElect = `UPDATE {schema} SET swept_at = UTC_TIMESTAMP(6)
+WHERE id = 1 AND swept_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
+
+	// qSweepHold tells the other sessions that a long pass is still
+	// running, so none of them starts another. No args.
+	qSweepHold = `UPDATE {schema} SET swept_at = UTC_TIMESTAMP(6) WHERE id = 1`
+
+	// qSweepFloor records a fence the sweep is about to delete, so that rows
+	// created anew start above it (qFenceSeed). Args: fence.
+	qSweepFloor = `UPDATE {schema} SET deleted_fence = GREATEST(deleted_fence, ?) WHERE id = 1`
+
+	// qSweepFloorRead reads the recorded floor back (no row: none is
+	// recorded, and nothing may be deleted). A plain read, without locks.
+	qSweepFloorRead = `SELECT deleted_fence FROM {schema} WHERE id = 1`
+
+	// qLockBatchEnd returns the last name of the next batch: the limit-th
+	// name after after, or the last name when fewer are left; NULL when
+	// none is. Args: after, limit.
+	qLockBatchEnd = `SELECT MAX(name) FROM (SELECT name FROM {lock} WHERE name > ? ORDER BY name LIMIT ?) b`
+
+	// qLockSweepRead reads a batch without locking anything: the highest
+	// fence of the rows ready to be deleted (NULL: none) and how many rows
+	// are free and not marked with their current fence. Args: age in
+	// microseconds, after, last.
+	qLockSweepRead = `SELECT MAX(IF(` + lockReady + `, fence, NULL)), COUNT(IF(` + lockMarkable + `, 1, NULL))
+FROM {lock} WHERE name > ? AND name <= ?`
+
+	// qLockSweepDelete deletes the rows of a batch that are ready: marked at
+	// least age ago with the fence they still have, free now, and with a
+	// fence at or below the recorded floor (qSweepFloorRead, after
+	// qSweepFloor). The lease check comes last, so it runs only for rows
+	// whose mark still holds, whose holder's lease had therefore ended
+	// already at the mark: the shared locks a DELETE's subquery takes (at
+	// READ COMMITTED too) fall on ended leases, never on one a renewal
+	// writes; the DELETE locks nothing else but its own rows. Args: after,
+	// last, age in microseconds, floor. RowsAffected: rows deleted.
+	qLockSweepDelete = `DELETE FROM {lock} WHERE name > ? AND name <= ? AND ` + lockReady + ` AND fence <= ?`
+
+	// qLockSweepMark marks the rows of a batch that are free now and not
+	// marked with their current fence: idle since now, with that fence.
+	// Args: after, last. (An UPDATE's subqueries read without locks at READ
+	// COMMITTED.)
+	qLockSweepMark = `UPDATE {lock} SET idle_since = UTC_TIMESTAMP(6), idle_fence = fence
+WHERE name > ? AND name <= ? AND ` + lockMarkable
+
+	// qQueueBatchEnd is qLockBatchEnd for the queue table.
+	qQueueBatchEnd = `SELECT MAX(name) FROM (SELECT name FROM {queue} WHERE name > ? ORDER BY name LIMIT ?) b`
+
+	// qQueueSweepRead is qLockSweepRead for the queue table: the highest
+	// fence of the rows ready to be deleted (NULL: none) and how many rows
+	// are to be marked or unmarked. Args: age in microseconds, after, last.
+	qQueueSweepRead = `SELECT MAX(IF(` + queueReady + `, fence, NULL)), COUNT(IF(` + queueMarkable + `, 1, NULL))
+FROM {queue} WHERE name > ? AND name <= ?`
+
+	// qQueueSweepDelete deletes the queue rows of a batch that are ready:
+	// marked at least age ago with the fence they still have, without a
+	// ticket, and with a fence at or below the recorded floor. The ticket
+	// check comes last: its shared locks fall only on tickets of rows
+	// otherwise ready (readers' tickets: a reader takes no fence). Args:
+	// after, last, age in microseconds, floor. RowsAffected: rows deleted.
+	qQueueSweepDelete = `DELETE FROM {queue} WHERE name > ? AND name <= ? AND ` + queueReady + ` AND fence <= ?`
+
+	// qQueueSweepMark marks the queue rows of a batch that have no ticket
+	// and are not marked with their current fence, and clears the mark of
+	// rows that have a ticket now. Readers take no fence, so without the
+	// clearing a row that readers use now and then, but that is free at
+	// two passes an age apart, would be deleted while in use (harmlessly,
+	// see above, but for nothing). Args: after, last.
+	qQueueSweepMark = `UPDATE {queue} SET
+  idle_since = IF(` + queueBusy + `, NULL, UTC_TIMESTAMP(6)),
+  idle_fence = fence
+WHERE name > ? AND name <= ? AND ` + queueMarkable
+)
+
+// Conditions of the sweep statements, spliced into them. lockReady and
+// queueReady take the age (microseconds) as their one argument and check
+// the cheap columns first: MariaDB evaluates them in order and stops at the
+// first false one, so the subqueries run only for rows that are otherwise
+// ready.
+const (
+	lockFree = `(waiter = 0 OR claimed_until < UTC_TIMESTAMP(6))
+  AND (holder = 0 OR NOT EXISTS (SELECT 1 FROM {lease} l
+                                 WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)))`
+	lockReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+  AND ` + lockFree + `)`
+	lockMarkable = `((idle_since IS NULL OR idle_fence <> fence) AND ` + lockFree + `)`
+
+	queueBusy  = `EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name)`
+	queueReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+  AND NOT ` + queueBusy + `)`
+	queueMarkable = `IF(` + queueBusy + `, idle_since IS NOT NULL, idle_since IS NULL OR idle_fence <> fence)`
+)
+
 // notAtHead is qTicketTake's answer for a ticket with live tickets ahead.
 // Fences and ticket numbers start at qFenceSeed (about 2^51 today) and grow
 // by one per acquisition, so they never reach it.
@@ -354,6 +608,27 @@ const (
 	sLeasePurge
 	sTicketPurge
 	sTicketsOrphaned
+	sLockWant
+	sLockBell
+	sLeaseBell
+	sBellTake
+	sBellRing
+	sBellWait
+	sTicketRelease
+	sTicketAhead
+	sTicketWant
+	sSweepElect
+	sSweepHold
+	sSweepFloor
+	sSweepFloorRead
+	sLockBatchEnd
+	sLockSweepRead
+	sLockSweepDelete
+	sLockSweepMark
+	sQueueBatchEnd
+	sQueueSweepRead
+	sQueueSweepDelete
+	sQueueSweepMark
 	numStmts
 )
 
@@ -394,5 +669,26 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLeasePurge] = r.Replace(qLeasePurge)
 	q.prepared[sTicketPurge] = r.Replace(qTicketPurge)
 	q.prepared[sTicketsOrphaned] = r.Replace(qTicketsOrphaned)
+	q.prepared[sLockWant] = r.Replace(qLockWant)
+	q.prepared[sLockBell] = r.Replace(qLockBell)
+	q.prepared[sLeaseBell] = r.Replace(qLeaseBell)
+	q.prepared[sBellTake] = qBellTake
+	q.prepared[sBellRing] = qBellRing
+	q.prepared[sBellWait] = qBellWait
+	q.prepared[sTicketRelease] = r.Replace(qTicketRelease)
+	q.prepared[sTicketAhead] = r.Replace(qTicketAhead)
+	q.prepared[sTicketWant] = r.Replace(qTicketWant)
+	q.prepared[sSweepElect] = r.Replace(qSweepElect)
+	q.prepared[sSweepHold] = r.Replace(qSweepHold)
+	q.prepared[sSweepFloor] = r.Replace(qSweepFloor)
+	q.prepared[sSweepFloorRead] = r.Replace(qSweepFloorRead)
+	q.prepared[sLockBatchEnd] = r.Replace(qLockBatchEnd)
+	q.prepared[sLockSweepRead] = r.Replace(qLockSweepRead)
+	q.prepared[sLockSweepDelete] = r.Replace(qLockSweepDelete)
+	q.prepared[sLockSweepMark] = r.Replace(qLockSweepMark)
+	q.prepared[sQueueBatchEnd] = r.Replace(qQueueBatchEnd)
+	q.prepared[sQueueSweepRead] = r.Replace(qQueueSweepRead)
+	q.prepared[sQueueSweepDelete] = r.Replace(qQueueSweepDelete)
+	q.prepared[sQueueSweepMark] = r.Replace(qQueueSweepMark)
 	return q
 }

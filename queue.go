@@ -41,7 +41,8 @@ type localQueue struct {
 	mu   sync.Mutex
 	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
 
-	hold // guarded by mu; the exclusive hold of this process, if any
+	hold         // guarded by mu; the exclusive hold of this process, if any
+	ticket int64 // guarded by mu; the exclusive hold's ticket number
 
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
@@ -94,8 +95,22 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing, and returns its number. After an error whose outcome is unknown
 // it removes the ticket.
+//
+// The name's row may go at any moment while no ticket of the name exists
+// (the sweep deletes free rows, see WithFreeRowAge; so may an operator),
+// and even as a ticket is being inserted (the sweep's check for tickets
+// reads as of its statement's start). That is harmless: the row holds only
+// counters, the line is the ticket table, and every statement that needs
+// the row reports a missing one (qTicketInsert and qTicketNumber number no
+// ticket, qTicketTake takes nothing); the caller then creates it again,
+// seeded above every earlier fence and ticket number (qFenceSeed), and
+// runs the statement again. A ticket already in the table keeps its
+// number and its place. The row created here has no ticket until the
+// insert, so a sweep may delete it again meanwhile; that takes a pass
+// marking it and another one the free-row age later, so a few attempts
+// suffice.
 func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
-	for created := false; ; created = true {
+	for creates := 0; ; creates++ {
 		var ticket int64
 		var err error
 		if s.galera {
@@ -116,8 +131,8 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 			return 0, err
 		case ticket > 0:
 			return ticket, nil
-		case created:
-			return 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
+		case creates == maxCreates:
+			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
 		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
 			return 0, err
@@ -193,9 +208,9 @@ func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() erro
 // so it writes nothing). An exclusive ticket's first check tries to take the
 // lock at once (qTicketTake, which writes only when the ticket is at the
 // head); later checks count the tickets ahead, reading only, and take the
-// lock when none is left. A missing per-name row (an operator deleted it)
-// is created again, its fence seeded above every earlier one (see
-// qFenceSeed).
+// lock when none is left. A missing per-name row (the sweep or an operator
+// deleted it, see insertTicket) is created again, its fence seeded above
+// every earlier one (see qFenceSeed).
 func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
 	if w.mode == modeShared || !first {
 		ahead, err = s.conflicts(ctx, name, 0, w.ticket, w.mode)
@@ -203,7 +218,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 			return ahead, 0, err
 		}
 	}
-	for created := false; ; created = true {
+	for creates := 0; ; creates++ {
 		res, err := s.exec(ctx, sTicketTake, w.ticket, name)
 		if err != nil {
 			return 0, 0, err
@@ -216,14 +231,18 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 			return 1, 0, nil
 		case r > 0:
 			return 0, r, nil
-		case created:
-			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished as it was created", name)
+		case creates == maxCreates:
+			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
 		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
 			return 0, 0, err
 		}
 	}
 }
+
+// maxCreates bounds how often one enqueue or turn check creates the name's
+// row again (see insertTicket).
+const maxCreates = 3
 
 // conflicts counts the live tickets of name between after and before
 // (exclusive) that a ticket in mode conflicts with.
@@ -249,6 +268,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if !wait {
 			return 0, false, nil
 		}
+		noteWait(ctx) // goroutines of the process are ahead in the local line
 		select {
 		case <-w.front:
 		case <-ctx.Done():
@@ -259,6 +279,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 	}
 	var b backoff.BackOff
 	var timer *time.Timer
+	var rang bellRef // the doorbell last waited on (see awaitTicketBell)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -278,8 +299,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		case err != nil && (!wait || !retryable(err)):
 			return 0, false, err
 		}
-		// Poll again sooner the closer to the head: every 2ms per holder or
-		// waiter ahead, but never slower than the back-off policy says.
+		noteWait(ctx) // this call waits (see Stats)
 		if b == nil {
 			b = s.opts.newBackOff()
 		}
@@ -287,6 +307,19 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if d == backoff.Stop {
 			return 0, false, ErrNotObtained
 		}
+		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &rang) {
+			// Woken by the doorbell of the ticket ahead, or it timed out,
+			// or the line moved: check again at once.
+			if err := ctx.Err(); err != nil {
+				return 0, false, err
+			}
+			if err := s.Err(); err != nil {
+				return 0, false, err
+			}
+			continue
+		}
+		// Poll again sooner the closer to the head: every 2ms per holder or
+		// waiter ahead, but never slower than the back-off policy says.
 		if err == nil {
 			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
 		}
@@ -367,6 +400,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 		// or a lease lost while the check ran): then the hold is worth
 		// nothing, and the lock must not be reported held.
 		if err = s.Err(); err == nil {
+			s.armBell()
 			return w, fence, nil
 		}
 	}
@@ -377,15 +411,20 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	return nil, 0, err
 }
 
-// deleteTicket removes the ticket of token; if that fails (ctx ended, or
-// the database did not answer) the reaper goroutine removes it at once.
-func (s *Session) deleteTicket(ctx context.Context, name string, token int64) error {
-	o := orphan{name: name, token: token, ticket: true}
-	_, err := s.free(ctx, o)
+// deleteTicket removes the ticket (number ticket, of token) of a hold that
+// is over, and rings the doorbell when a waiter left a marker behind it;
+// if that fails (ctx ended, or the database did not answer) the reaper
+// goroutine removes it at once.
+func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token int64) error {
+	res, err := s.exec(ctx, sTicketRelease, name, s.id, token, -ticket)
 	if err != nil {
-		s.addOrphan(o)
+		s.addOrphan(orphan{name: name, token: token, ticket: true})
+		return err
 	}
-	return err
+	if n, _ := res.RowsAffected(); n > 1 {
+		s.ringBell()
+	}
+	return nil
 }
 
 // queued is what FairMutex and RWMutex have in common: a name in the
@@ -418,7 +457,8 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 }
 
 // lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
-func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
+func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer q.s.track(&ctx, kindQueue, "lock", q.name, wait).done(&ok, &err)
 	if err := q.precheck(ctx, "lock"); err != nil {
 		return false, err
 	}
@@ -447,6 +487,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
 	}
 	lq.mu.Lock()
 	lq.take(owner, fence, w.token)
+	lq.ticket = w.ticket
 	lq.mu.Unlock()
 	return true, nil // the reference now belongs to the hold
 }
@@ -480,6 +521,7 @@ func (q *queued) unlock(ctx context.Context) error {
 		return q.notHeld("unlock")
 	}
 	lq.mu.Lock()
+	ticket := lq.ticket
 	token, err := lq.drop(ownerOf(ctx))
 	lq.mu.Unlock()
 	switch {
@@ -490,16 +532,16 @@ func (q *queued) unlock(ctx context.Context) error {
 	case token == 0:
 		return nil // holds of the owner remain
 	}
-	return q.release(ctx, lq, token, "unlock")
+	return q.release(ctx, lq, ticket, token, "unlock")
 }
 
 // release removes the ticket of a hold that is over and drops its reference.
-func (q *queued) release(ctx context.Context, lq *localQueue, token int64, op string) error {
+func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
 	if err := q.s.Err(); err != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
 	}
-	err := q.s.deleteTicket(ctx, q.name, token)
+	err := q.s.deleteTicket(ctx, q.name, ticket, token)
 	lq.kickFront()
 	if err != nil && q.s.Err() != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, q.s.Err()) // the lock ends with the lease

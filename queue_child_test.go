@@ -170,7 +170,7 @@ func waitTickets(t *testing.T, db *sql.DB, name string, n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var got int
-		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ?", name).Scan(&got); err != nil {
+		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0", name).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
 		if got == n {

@@ -89,7 +89,8 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 }
 
 // rlock takes a read hold: joining one of this process, or with a ticket.
-func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
+func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
+	defer q.s.track(&ctx, kindQueue, "rlock", q.name, wait).done(&ok, &err)
 	if err := q.precheck(ctx, "rlock"); err != nil {
 		return false, err
 	}
@@ -201,5 +202,5 @@ func (q *queued) runlock(ctx context.Context) error {
 	}
 	lq.reads = lq.reads[:len(lq.reads)-1]
 	lq.mu.Unlock()
-	return q.release(ctx, lq, hold.token, "runlock")
+	return q.release(ctx, lq, hold.ticket, hold.token, "runlock")
 }

@@ -46,8 +46,8 @@ func TestSchemaVersion(t *testing.T) {
 	if err := db.QueryRow("SELECT version FROM `" + prefix + "schema`").Scan(&version); err != nil {
 		t.Fatalf("the recorded schema version: got %v; want a row", err)
 	}
-	if version < 2 {
-		t.Fatalf("recorded schema version: got %d; want at least 2", version)
+	if version != dsync.SchemaVersion {
+		t.Fatalf("recorded schema version: got %d; want %d", version, dsync.SchemaVersion)
 	}
 	if _, err := db.Exec("UPDATE `"+prefix+"schema` SET version = ?", version+1); err != nil {
 		t.Fatal(err)
@@ -89,6 +89,50 @@ func TestSchemaVersion(t *testing.T) {
 	}
 	if tables != 4 {
 		t.Errorf("tables of the old prefix after the refused NewSession: got %d; want the 4 it had", tables)
+	}
+}
+
+// TestSchemaVersion2Refused checks that NewSession refuses the tables of
+// schema version 2 (before the clean-up columns) with ErrSchemaVersion,
+// leaves them alone, and that the documented way out works: with no
+// process of the old version left, drop the tables and start again.
+func TestSchemaVersion2Refused(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("schemav2")
+	v2 := []string{
+		"CREATE TABLE `" + prefix + "schema` (id TINYINT NOT NULL PRIMARY KEY, version INT NOT NULL)",
+		"INSERT INTO `" + prefix + "schema` VALUES (1, 2)",
+		"CREATE TABLE `" + prefix + "lease` (id BIGINT NOT NULL PRIMARY KEY, label VARCHAR(255) NOT NULL, created_at DATETIME(6) NOT NULL, expires_at DATETIME(6) NOT NULL, KEY expires_at_idx (expires_at))",
+		"CREATE TABLE `" + prefix + "lock` (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL DEFAULT 0, token BIGINT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0, waiter BIGINT NOT NULL DEFAULT 0, claimed_until DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00')",
+		"CREATE TABLE `" + prefix + "queue` (name VARBINARY(255) NOT NULL PRIMARY KEY, seq BIGINT NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0)",
+		"CREATE TABLE `" + prefix + "ticket` (name VARBINARY(255) NOT NULL, seq BIGINT NOT NULL, holder BIGINT NOT NULL, token BIGINT NOT NULL, mode TINYINT NOT NULL, PRIMARY KEY (name, seq))",
+		"INSERT INTO `" + prefix + "lock` (name, fence) VALUES ('old', 7)",
+	}
+	for _, q := range v2 {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(prefix))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables of version 2: got %v; want ErrSchemaVersion", err)
+	}
+	t.Logf("version 2 tables: %v", err)
+	var n int
+	if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + "lock`").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the version 2 lock table after the refused NewSession: got %d rows, %v; want its 1 row", n, err)
+	}
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket"} {
+		if _, err := db.Exec("DROP TABLE `" + prefix + table + "`"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatalf("Close of a session on the tables created again: got %v; want <nil>", err)
 	}
 }
 

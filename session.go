@@ -29,7 +29,9 @@ import (
 const (
 	DefaultTTL         = 15 * time.Second // lease time to live, see WithTTL
 	DefaultTablePrefix = "dsync_"         // see WithTablePrefix
+	DefaultFreeRowAge  = time.Hour        // see WithFreeRowAge
 	minTTL             = time.Second
+	minFreeRowAge      = time.Second
 	maxTTL             = 24 * time.Hour
 	maxConns           = 4 // most connections the sessions of one *sql.DB keep
 )
@@ -42,6 +44,8 @@ type options struct {
 	newBackOff func() backoff.BackOff
 	logger     *slog.Logger
 	label      string
+	freeRowAge time.Duration // 0: no clean-up
+	sweepEvery time.Duration // the sweep interval when set (tests); else see sweepInterval
 }
 
 // An Option configures a [Session]. Options are validated by [NewSession],
@@ -61,22 +65,53 @@ func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl }
 func WithTablePrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
 
 // WithBackOff sets the polling policy of a blocking Lock while another
-// process holds the lock. newBackOff is called once per wait, so the
-// policies it returns need not be safe for concurrent use. The default is an
-// exponential back-off from 2ms to 100ms with jitter, without time limit
-// (ctx bounds the wait). When a policy returns backoff.Stop, Lock returns
-// [ErrNotObtained].
+// process holds the lock, where waiters poll (no doorbell: see the
+// package's Waiting section); a waiter on a doorbell consults it once per
+// wake-up, only for backoff.Stop. newBackOff is called once per wait, so
+// the policies it returns need not be safe for concurrent use. The default
+// is an exponential back-off from 2ms to 100ms with jitter, without time
+// limit (ctx bounds the wait). When a policy returns backoff.Stop, Lock
+// returns [ErrNotObtained]; on a doorbell that may be up to 8s after the
+// policy's time limit (bound a wait with ctx instead).
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(o *options) { o.newBackOff = newBackOff }
 }
 
-// WithLogger sets the logger for background events (renewal failures, lease
-// loss). The default discards them.
+// WithLogger sets the logger for the session's events: long waits for a
+// lock, renewal failures, the lease lost, orphans freed (the records and
+// their attributes are listed in the package doc, under Logging). The
+// default discards them.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithLabel sets the holder label stored in the lease row, for operators
 // reading the tables (default "hostname:pid"; at most 255 bytes of UTF-8).
 func WithLabel(label string) Option { return func(o *options) { o.label = label } }
+
+// WithFreeRowAge sets how long a lock row or queue row must have been free
+// before it is deleted (default [DefaultFreeRowAge], one hour; at least 1s;
+// 0: this session deletes none). Lock and queue rows are one per name ever
+// used, so without clean-up a service that locks per entity (per order,
+// per user) grows the tables for ever. A free row is one no session holds
+// or waits for; rows of held locks, of queued locks with a waiter, and of
+// locks used within the age are never deleted. The next use of a deleted
+// name creates its row again, at the cost of one more statement.
+//
+// Fences stay strictly increasing across deletion: before it deletes rows,
+// the clean-up records the highest fence among them in the schema table,
+// and a row created anew starts its fences above that record (and at least
+// at the database's clock in microseconds), whatever the clocks do.
+//
+// The clean-up runs in the background, at most one pass at a time across
+// every session of the tables, elected through the schema table. A pass
+// starts about every age/8 (from 1s to 10min) and walks the tables in
+// batches of 500 names, each batch a few short autocommit statements on
+// the session's own connections, so lock traffic waits at most one of
+// them. A row is deleted by the first pass that reaches it at least age
+// after a pass found it free: at most age + 2.75 intervals (1.34 x age)
+// after it fell free, plus up to three pass durations (see the README for
+// measured ones). The session that runs a pass applies its own age: give
+// every session of the tables the same one.
+func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.freeRowAge = age } }
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)
 
@@ -103,6 +138,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: nil logger", ErrInvalidOption)
 	case len(o.label) > 255 || !utf8.ValidString(o.label):
 		return fmt.Errorf("%w: label must be at most 255 bytes of UTF-8", ErrInvalidOption)
+	case o.freeRowAge < 0 || (o.freeRowAge > 0 && o.freeRowAge < minFreeRowAge && o.sweepEvery == 0):
+		return fmt.Errorf("%w: free-row age %v: want 0 (no clean-up) or at least %v", ErrInvalidOption, o.freeRowAge, minFreeRowAge)
 	}
 	return nil
 }
@@ -156,8 +193,11 @@ type Session struct {
 	stopped   context.Context // ends when Close starts or the session is lost
 	renewer   chan struct{}   // closed when the keep-alive goroutine returns
 	reaper    chan struct{}   // closed when the reaper goroutine returns
+	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
+	sweeps    atomic.Int64    // sweep passes this session has run
 	kick      chan struct{}   // a value: the reaper has orphans to free now
 	release   sync.Once       // releases the session's share of the pool
+	stats     counters        // see Stats
 
 	mu      sync.Mutex
 	err     error                // guarded by mu; nil while live
@@ -165,6 +205,9 @@ type Session struct {
 	locks   registry[localLock]  // in-process state of the Mutex names in use
 	queues  registry[localQueue] // the same for FairMutex and RWMutex names
 	orphans []orphan             // guarded by mu; rows to free in the background
+	freeing int                  // guarded by mu; orphans taken out of orphans by freeOrphans, being freed
+	bell    doorbell             // this session's doorbell (see bell.go)
+	waiters bellWaiter           // connections that wait on other sessions' doorbells
 }
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -178,6 +221,14 @@ type orphan struct {
 	token  int64
 	ticket bool      // a queued lock's ticket rather than a lock row
 	since  time.Time // when it was recorded
+}
+
+// kind returns the lock space of o, as log records name it.
+func (o orphan) kind() string {
+	if o.ticket {
+		return kindQueue
+	}
+	return kindMutex
 }
 
 // orphanWindow is how long the session keeps trying to free an orphan that
@@ -314,6 +365,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		newBackOff: defaultBackOff,
 		logger:     slog.New(slog.DiscardHandler),
 		label:      host + ":" + strconv.Itoa(os.Getpid()),
+		freeRowAge: DefaultFreeRowAge,
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -339,7 +391,9 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
 		reaper:  make(chan struct{}),
+		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
+		bell:    doorbell{ring: make(chan struct{}, 1), done: make(chan struct{})},
 	}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -351,8 +405,10 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		s.release.Do(func() { releasePool(db, q) })
 		return nil, err
 	}
+	s.logger = s.logger.With("session", s.id) // every record names its session
 	go s.keepAlive()
 	go s.reap()
+	go s.sweepLoop()
 	return s, nil
 }
 
@@ -555,6 +611,7 @@ func (s *Session) keepAlive() {
 	every := s.renewEvery()
 	timer := time.NewTimer(max(time.Until(lastSent.Add(every)), 0))
 	defer timer.Stop()
+	failures := 0 // renewals failed in a row
 	for {
 		select {
 		case <-s.stopped.Done():
@@ -571,16 +628,21 @@ func (s *Session) keepAlive() {
 		cancel()
 		switch {
 		case err == nil:
+			s.stats.renewals.Add(1)
+			failures = 0
 			lastSent = sent
 			s.deadline.Store(int64(sent.Sub(s.origin) + ttl - s.safetyMargin()))
 			timer.Reset(max(time.Until(lastSent.Add(every)), 0))
 		case errors.Is(err, errLeaseEnded):
+			s.stats.renewalFailures.Add(1)
 			s.lose(err)
 			return
 		case s.stopped.Err() != nil:
 			return
 		default:
-			s.logger.Warn("dsync: lease renewal failed; retrying", "session", s.id, "err", err,
+			s.stats.renewalFailures.Add(1)
+			failures++
+			s.logger.Warn("dsync: lease renewal failed; retrying", "err", err, "attempt", failures,
 				"deadline_in", time.Until(deadline))
 			timer.Reset(min(ttl/10, max(time.Until(deadline), 0)))
 		}
@@ -618,8 +680,9 @@ func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
 // moment, so nothing it holds is worth freeing, and its connections go.
 func (s *Session) lose(cause error) {
 	if s.end(ErrSessionExpired) {
-		s.logger.Error("dsync: session lost; its locks may belong to others now", "session", s.id, "cause", cause)
+		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
 		s.stop()
+		s.waiters.closeIdle()
 		s.release.Do(func() { releasePool(s.db, s.q) })
 	}
 }
@@ -757,7 +820,7 @@ func (s *Session) purge() {
 		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
 	}
 	if err != nil {
-		s.logger.Debug("dsync: purge failed", "session", s.id, "err", err)
+		s.logger.Debug("dsync: purge failed", "err", err)
 	}
 }
 
@@ -766,25 +829,33 @@ func (s *Session) freeOrphans() {
 	s.mu.Lock()
 	todo := s.orphans
 	s.orphans = nil
+	s.freeing = len(todo)
 	s.mu.Unlock()
 	var keep []orphan
 	for i, o := range todo {
 		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
 		freed, err := s.free(ctx, o)
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil:
 			keep = append(keep, todo[i:]...)
+		case freed:
+			s.logger.Info("dsync: orphan freed", "lock", o.name, "kind", o.kind(), "token", o.token,
+				"age", time.Since(o.since))
+		case time.Since(o.since) < orphanWindow:
+			keep = append(keep, o)
+		default:
+			s.logger.Debug("dsync: orphan not found; given up", "lock", o.name, "kind", o.kind(), "token", o.token,
+				"age", time.Since(o.since))
+		}
+		if err != nil {
 			break
 		}
-		if !freed && time.Since(o.since) < orphanWindow {
-			keep = append(keep, o)
-		}
 	}
-	if len(keep) > 0 {
-		s.mu.Lock()
-		s.orphans = append(s.orphans, keep...)
-		s.mu.Unlock()
-	}
+	s.mu.Lock()
+	s.orphans = append(s.orphans, keep...)
+	s.freeing = 0
+	s.mu.Unlock()
 }
 
 // Close ends the session: Done closes, calls in progress and later return
@@ -805,6 +876,8 @@ func (s *Session) Close() error {
 	s.stop()
 	<-s.renewer
 	<-s.reaper
+	s.stopBell()
+	<-s.sweeper
 	defer s.release.Do(func() { releasePool(s.db, s.q) })
 	if lost {
 		return nil
@@ -966,9 +1039,21 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 }
 
 // releaseRow frees the row for name if this acquisition (token) holds it,
-// and reports whether it did.
+// and reports whether it did, and whether sessions wait for it (then it
+// rings the doorbell).
 func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
-	return s.free(ctx, orphan{name: name, token: token})
+	res, err := s.exec(ctx, sLockRelease, name, s.id, token)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 {
+		return false, err
+	}
+	if wanted, _ := res.LastInsertId(); wanted == 1 {
+		s.ringBell()
+	}
+	return true, nil
 }
 
 // execChanged runs a prepared statement and reports whether it changed a

@@ -430,3 +430,15 @@ func (c *Conn) discard() {
 func (c *Conn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	return c.conn.QueryContext(ctx, query, args...)
 }
+
+// Dedicated opens a connection set up like the pool's, outside the pool's
+// count: the caller keeps it for as long as it likes (a connection that
+// holds a named lock, or waits for one) and closes it with [Conn.Close].
+// Its statements are the pool's queries, prepared at first use.
+func (p *Pool) Dedicated(ctx context.Context) (*Conn, error) {
+	return p.connect(ctx)
+}
+
+// Close closes a connection from [Pool.Dedicated] without returning it to
+// the *sql.DB's pool.
+func (c *Conn) Close() { c.discard() }

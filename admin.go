@@ -1,0 +1,269 @@
+package dsync
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Operator functions: what the dsync command (cmd/dsync) needs besides
+// locks. They take the caller's *sql.DB and a table prefix, need no
+// Session, and send the statements of queries_admin.go.
+
+// Schema returns the statements that create dsync's tables for prefix, in
+// the order [NewSession] runs them: the CREATE TABLE statements (each IF NOT
+// EXISTS) and, right after the schema table's, the INSERT that records the
+// schema version. Run in order, they leave exactly what NewSession creates,
+// for an operator who creates the tables ahead of time (say, with a user
+// that the applications' users are not: NewSession then runs no DDL). It
+// returns an error wrapping [ErrInvalidOption] for a prefix that
+// [WithTablePrefix] refuses.
+func Schema(prefix string) ([]string, error) {
+	q, err := adminQueries(prefix)
+	if err != nil {
+		return nil, err
+	}
+	// The version record's only argument is this package's constant
+	// schemaVersion, spelled out so the statement runs without arguments.
+	record := strings.Replace(q.record, "?", strconv.Itoa(schemaVersion), 1)
+	out := []string{q.creates[0], record}
+	return append(out, q.creates[1:]...), nil
+}
+
+// LockKind is the kind of a hold that [LockInfo] describes.
+type LockKind string
+
+// The kinds of holds. FairMutex holds and RWMutex write holds are one
+// kind, KindWrite: both are exclusive tickets of the queued lock space, and
+// the tables do not record which type took them (a FairMutex is the write
+// side of the RWMutex of the same name).
+const (
+	KindMutex LockKind = "mutex" // a Mutex hold
+	KindWrite LockKind = "write" // a FairMutex hold or an RWMutex write hold
+	KindRead  LockKind = "read"  // an RWMutex read hold
+)
+
+// LockInfo describes one hold of a lock by a live session, as the database
+// has it at the moment of reading.
+type LockInfo struct {
+	Name    string   // the lock's name
+	Kind    LockKind // which lock space and side: see LockKind
+	Holder  string   // the label of the holder's session (see WithLabel)
+	Session int64    // the holder's lease id (see Session.ID)
+	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none
+
+	// Held is an upper bound of how long the lock has been held: the time
+	// since the holder's session started, on the database's clock. (The
+	// tables record no acquisition time: writing one on every acquisition
+	// would slow the uncontended path.)
+	Held time.Duration
+
+	// Waiters counts the sessions waiting for the lock. For the queued locks
+	// (KindWrite, KindRead) it is the number of live tickets of the name that
+	// do not hold it: each waiting session's ticket (goroutines of one
+	// process wait behind one ticket), whatever side they wait for. Mutex
+	// waiters are not queued in the database, they poll: for KindMutex it is
+	// 1 while one of them has claimed the next hold (a waiter does after
+	// 100ms, see Mutex) and 0 otherwise, so it counts at most that one.
+	Waiters int
+}
+
+// ListLocks returns every hold of a lock by a live session in the tables of
+// prefix, sorted by name, kind and lease id: Mutex holders, FairMutex and
+// RWMutex writers, and RWMutex readers (one entry per read ticket; the
+// readers of one process usually share one). Waiting sessions are not
+// listed, they are counted in the Waiters of the holds. It reads the
+// database twice (the Mutex and the queued lock spaces), each time in one
+// statement that reads every row of the name's table: it is meant for
+// operators, not for a hot path.
+//
+// It returns an error wrapping [ErrInvalidOption] for a bad prefix or a nil
+// db, or a database error (such as a missing table, when no session has
+// ever used the prefix).
+func ListLocks(ctx context.Context, db *sql.DB, prefix string) ([]LockInfo, error) {
+	return listLocks(ctx, db, prefix, "", false)
+}
+
+// LockHolders returns the holds of the locks called name by live sessions,
+// as ListLocks does but reading only that name's rows: the Mutex called
+// name and the queued lock (FairMutex, RWMutex) called name, which are two
+// locks. It returns an error wrapping [ErrInvalidName] for an invalid name,
+// or as ListLocks does.
+func LockHolders(ctx context.Context, db *sql.DB, prefix, name string) ([]LockInfo, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	return listLocks(ctx, db, prefix, name, true)
+}
+
+func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) ([]LockInfo, error) {
+	q, err := adminQueries(prefix)
+	if err != nil {
+		return nil, err
+	}
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+	}
+	var args []any
+	mutexes, tickets := q.listMutexes, q.listTickets
+	if one {
+		mutexes, tickets, args = q.listMutexesOf, q.listTicketsOf, []any{name}
+	}
+	locks := []LockInfo{} // not nil: an empty list, for JSON too
+	if err := scanRows(ctx, db, mutexes, args, func(rows *sql.Rows) error {
+		l := LockInfo{Kind: KindMutex}
+		var held int64
+		if err := rows.Scan(&l.Name, &l.Holder, &l.Session, &l.Fence, &held, &l.Waiters); err != nil {
+			return err
+		}
+		l.Held = heldFor(held)
+		locks = append(locks, l)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dsync: list Mutex holders: %w", err)
+	}
+	var line []ticketInfo // the live tickets of one name, in line order
+	if err := scanRows(ctx, db, tickets, args, func(rows *sql.Rows) error {
+		var t ticketInfo
+		var held int64
+		if err := rows.Scan(&t.Name, &t.seq, &t.mode, &t.Session, &t.Holder, &held, &t.Fence); err != nil {
+			return err
+		}
+		t.Held = heldFor(held)
+		if len(line) > 0 && line[0].Name != t.Name {
+			locks = appendHolds(locks, line)
+			line = line[:0]
+		}
+		line = append(line, t)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dsync: list FairMutex and RWMutex holders: %w", err)
+	}
+	locks = appendHolds(locks, line)
+	slices.SortStableFunc(locks, func(a, b LockInfo) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(string(a.Kind), string(b.Kind)),
+			cmp.Compare(a.Session, b.Session))
+	})
+	return locks, nil
+}
+
+// ticketInfo is a live ticket read by qListTickets.
+type ticketInfo struct {
+	LockInfo       // Kind, Fence and Waiters not set yet; Fence is the name's last fence
+	seq      int64 // ticket number
+	mode     int
+}
+
+// appendHolds appends the holds among the live tickets of one name, in
+// line order: as in qCreateTicket, an exclusive ticket holds the lock when
+// no live ticket is ahead of it, a shared one when no live exclusive ticket
+// is. The others are its waiters.
+func appendHolds(locks []LockInfo, line []ticketInfo) []LockInfo {
+	first := len(locks)
+	anyAhead, writerAhead := false, false
+	for _, t := range line {
+		switch {
+		case t.mode == modeExclusive && !anyAhead:
+			t.Kind = KindWrite
+			locks = append(locks, t.LockInfo)
+		case t.mode == modeShared && !writerAhead:
+			t.Kind, t.Fence = KindRead, 0
+			locks = append(locks, t.LockInfo)
+		}
+		anyAhead = true
+		writerAhead = writerAhead || t.mode == modeExclusive
+	}
+	for i := first; i < len(locks); i++ {
+		locks[i].Waiters = len(line) - (len(locks) - first)
+	}
+	return locks
+}
+
+// heldFor converts the microseconds since a lease was created into a
+// duration, never negative.
+func heldFor(micros int64) time.Duration {
+	return time.Duration(max(micros, 0)) * time.Microsecond
+}
+
+// scanRows runs query with args on db and calls scan for every row.
+func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// ForceRelease frees the Mutex called name if a live session holds it, and
+// reports whether it did: the operator's override for a holder that is
+// stuck but still renewing its lease. The holder is not told: its session
+// stays live, it goes on believing it holds the lock until its Unlock
+// returns [ErrNotHeld], and meanwhile another session may take the lock.
+// Only fences keep it from doing harm from then on: the next acquisition's
+// fence is greater than the stuck holder's, so a resource that checks
+// fences refuses the stuck holder's writes once the new holder has
+// written. FairMutex and RWMutex holds are not affected (their tickets are
+// in another lock space).
+//
+// It returns an error wrapping [ErrInvalidName] for an invalid name,
+// [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
+func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, error) {
+	q, err := adminQueries(prefix)
+	if err != nil {
+		return false, err
+	}
+	if err := validName(name); err != nil {
+		return false, err
+	}
+	if db == nil {
+		return false, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
+	}
+	res, err := db.ExecContext(ctx, q.forceRelease, name)
+	if err != nil {
+		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	return n > 0, nil
+}
+
+// operatorQueries holds the statements of admin.go for one table prefix.
+type operatorQueries struct {
+	*queries
+	listMutexes, listMutexesOf string
+	listTickets, listTicketsOf string
+	forceRelease               string
+}
+
+// adminQueries validates prefix as WithTablePrefix does and returns its
+// statements.
+func adminQueries(prefix string) (*operatorQueries, error) {
+	if !prefixPattern.MatchString(prefix) {
+		return nil, fmt.Errorf("%w: table prefix %q: want at most 32 of [A-Za-z0-9_]", ErrInvalidOption, prefix)
+	}
+	q := newQueries(prefix)
+	t := q.tables // schema, lease, lock, queue, ticket
+	r := strings.NewReplacer("{lease}", "`"+t[1]+"`", "{lock}", "`"+t[2]+"`",
+		"{queue}", "`"+t[3]+"`", "{ticket}", "`"+t[4]+"`")
+	return &operatorQueries{
+		queries:       q,
+		listMutexes:   r.Replace(qListMutexes),
+		listMutexesOf: r.Replace(qListMutexesOf),
+		listTickets:   r.Replace(qListTickets),
+		listTicketsOf: r.Replace(qListTicketsOf),
+		forceRelease:  r.Replace(qForceRelease),
+	}, nil
+}

@@ -1,0 +1,376 @@
+package dsync_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// TestSchemaIsWhatNewSessionCreates applies Schema's statements on one
+// prefix and lets NewSession create the tables of another: every table must
+// come out the same, the version must be recorded, and a session must start
+// on the applied tables.
+func TestSchemaIsWhatNewSessionCreates(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	applied, created := freshPrefix("schemaop"), freshPrefix("schemans")
+
+	stmts, err := dsync.Schema(applied)
+	if err != nil {
+		t.Fatalf("Schema: got %v; want nil", err)
+	}
+	if len(stmts) != 6 {
+		t.Fatalf("Schema: got %d statements; want 6 (5 tables and the version record)", len(stmts))
+	}
+	for _, s := range stmts {
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("applying %q: %v", s, err)
+		}
+	}
+	for _, s := range stmts { // all of them are safe to run again
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("applying %q again: %v", s, err)
+		}
+	}
+	if err := sessionOn(t, db, dsync.WithTablePrefix(created)).Close(); err != nil {
+		t.Fatalf("Close: got %v; want nil", err)
+	}
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket"} {
+		a, c := showCreate(t, db, applied+table), showCreate(t, db, created+table)
+		if strings.ReplaceAll(a, applied, created) != c {
+			t.Errorf("table %s: Schema's statements made\n%s\nNewSession made\n%s", table, a, c)
+		}
+	}
+	var va, vc int
+	if err := db.QueryRow("SELECT version FROM `" + applied + "schema`").Scan(&va); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow("SELECT version FROM `" + created + "schema`").Scan(&vc); err != nil {
+		t.Fatal(err)
+	}
+	if va != vc {
+		t.Errorf("recorded schema version: got %d; want %d, as NewSession records", va, vc)
+	}
+	s, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(applied))
+	if err != nil {
+		t.Fatalf("NewSession on the applied tables: got %v; want nil", err)
+	}
+	defer s.Close()
+	if ok, err := dsync.NewMutex(s, "x").TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock on the applied tables: got %v, %v; want true, nil", ok, err)
+	}
+}
+
+// showCreate returns a table's SHOW CREATE TABLE text.
+func showCreate(t *testing.T, db *sql.DB, table string) string {
+	t.Helper()
+	var name, stmt string
+	if err := db.QueryRow("SHOW CREATE TABLE `"+table+"`").Scan(&name, &stmt); err != nil {
+		t.Fatalf("SHOW CREATE TABLE %s: %v", table, err)
+	}
+	return stmt
+}
+
+// findHold returns the hold of name, kind and lease id in locks.
+func findHold(locks []dsync.LockInfo, name string, kind dsync.LockKind, session int64) (dsync.LockInfo, bool) {
+	for _, l := range locks {
+		if l.Name == name && l.Kind == kind && l.Session == session {
+			return l, true
+		}
+	}
+	return dsync.LockInfo{}, false
+}
+
+// waitForLocks polls ListLocks until cond holds for its result, for at
+// most 10s, and returns the last result.
+func waitForLocks(t *testing.T, db *sql.DB, prefix, what string, cond func([]dsync.LockInfo) bool) []dsync.LockInfo {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		locks, err := dsync.ListLocks(context.Background(), db, prefix)
+		if err != nil {
+			t.Fatalf("ListLocks: got %v; want nil", err)
+		}
+		if cond(locks) {
+			return locks
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ListLocks: got %+v; want %s", locks, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestListLocks lists holders of every kind, with their waiters: a Mutex
+// with a claiming waiter, an RWMutex held by two readers with a writer
+// waiting, a FairMutex with a waiter; and checks that released locks, and
+// locks of an ended lease, are not listed.
+func TestListLocks(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("ls")
+	open := func(label string) *dsync.Session {
+		return sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel(label))
+	}
+	a, b, c, d := open("holder-a"), open("holder-b"), open("reader-c"), open("reader-d")
+	started := time.Now() // after every session's lease was created
+
+	if locks, err := dsync.ListLocks(bg, db, prefix); err != nil || len(locks) != 0 || locks == nil {
+		t.Fatalf("ListLocks with nothing held: got %#v, %v; want an empty, non-nil list", locks, err)
+	}
+
+	// A Mutex held by a, which b waits for long enough to claim it.
+	mu := dsync.NewMutex(a, "m")
+	if err := mu.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, stopWaiting := context.WithCancel(bg)
+	defer stopWaiting()
+	waited := make(chan error, 1)
+	go func() { waited <- dsync.NewMutex(b, "m").Lock(waitCtx) }()
+
+	// An RWMutex read by c and d, for which b's writer waits (behind b's
+	// Mutex wait: another goroutine).
+	for _, s := range []*dsync.Session{c, d} {
+		if err := dsync.NewRWMutex(s, "rw").RLock(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrote := make(chan error, 1)
+	go func() { wrote <- dsync.NewRWMutex(b, "rw").Lock(waitCtx) }()
+
+	// A FairMutex held by a, which c waits for.
+	fair := dsync.NewFairMutex(a, "fair")
+	if err := fair.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	fairWaited := make(chan error, 1)
+	go func() { fairWaited <- dsync.NewFairMutex(c, "fair").Lock(waitCtx) }()
+
+	locks := waitForLocks(t, db, prefix, "3 holds with 1 waiter each, and the readers", func(ls []dsync.LockInfo) bool {
+		m, _ := findHold(ls, "m", dsync.KindMutex, a.ID())
+		r, _ := findHold(ls, "rw", dsync.KindRead, c.ID())
+		f, _ := findHold(ls, "fair", dsync.KindWrite, a.ID())
+		return m.Waiters == 1 && r.Waiters == 1 && f.Waiters == 1
+	})
+	elapsed := time.Since(started)
+	want := []dsync.LockInfo{
+		{Name: "fair", Kind: dsync.KindWrite, Holder: "holder-a", Session: a.ID(), Fence: fair.Fence(), Waiters: 1},
+		{Name: "m", Kind: dsync.KindMutex, Holder: "holder-a", Session: a.ID(), Fence: mu.Fence(), Waiters: 1},
+		{Name: "rw", Kind: dsync.KindRead, Holder: "reader-c", Session: c.ID(), Fence: 0, Waiters: 1},
+		{Name: "rw", Kind: dsync.KindRead, Holder: "reader-d", Session: d.ID(), Fence: 0, Waiters: 1},
+	}
+	if c.ID() > d.ID() { // sorted by lease id within a name and kind
+		want[2], want[3] = want[3], want[2]
+	}
+	if len(locks) != len(want) {
+		t.Fatalf("ListLocks: got %+v; want %+v", locks, want)
+	}
+	for i, got := range locks {
+		// Held is the age of the holder's lease, on the server's clock: at
+		// least the time since the lease was created here.
+		if got.Held < elapsed-50*time.Millisecond || got.Held > elapsed+time.Minute {
+			t.Errorf("ListLocks[%d].Held: got %v; want about %v or more (the lease's age)", i, got.Held, elapsed)
+		}
+		got.Held = 0
+		if got != want[i] {
+			t.Errorf("ListLocks[%d]: got %+v; want %+v", i, got, want[i])
+		}
+	}
+	if mu.Fence() <= 0 || fair.Fence() <= 0 {
+		t.Fatalf("fences: got %d, %d; want > 0", mu.Fence(), fair.Fence())
+	}
+
+	// LockHolders reads one name: the Mutex and the queued lock of it.
+	holders, err := dsync.LockHolders(bg, db, prefix, "rw")
+	if err != nil || len(holders) != 2 || holders[0].Kind != dsync.KindRead || holders[1].Kind != dsync.KindRead {
+		t.Errorf("LockHolders(rw): got %+v, %v; want the 2 readers", holders, err)
+	}
+	if err := dsync.NewMutex(d, "fair").Lock(bg); err != nil { // the Mutex space's "fair"
+		t.Fatal(err)
+	}
+	holders, err = dsync.LockHolders(bg, db, prefix, "fair")
+	if err != nil || len(holders) != 2 || holders[0].Kind != dsync.KindMutex || holders[0].Session != d.ID() ||
+		holders[1].Kind != dsync.KindWrite || holders[1].Session != a.ID() {
+		t.Errorf("LockHolders(fair): got %+v, %v; want d's Mutex and a's FairMutex", holders, err)
+	}
+	if holders, err := dsync.LockHolders(bg, db, prefix, "nobody"); err != nil || len(holders) != 0 {
+		t.Errorf("LockHolders(nobody): got %+v, %v; want none", holders, err)
+	}
+
+	// The waiters give up and the readers leave: a's two holds and d's
+	// Mutex remain, without waiters.
+	stopWaiting()
+	for _, ch := range []chan error{waited, wrote, fairWaited} {
+		if err := <-ch; !errors.Is(err, context.Canceled) {
+			t.Fatalf("waiter: got %v; want context.Canceled", err)
+		}
+	}
+	for _, s := range []*dsync.Session{c, d} {
+		if err := dsync.NewRWMutex(s, "rw").RUnlock(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitForLocks(t, db, prefix, "3 holds without waiters", func(ls []dsync.LockInfo) bool {
+		if len(ls) != 3 {
+			return false
+		}
+		for _, l := range ls {
+			if l.Waiters != 0 { // the Mutex claim lapses within 300ms
+				return false
+			}
+		}
+		return true
+	})
+
+	// A lease that ended on the server holds nothing, whatever its rows say.
+	if _, err := db.Exec("UPDATE `"+prefix+"lease` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = ?", d.ID()); err != nil {
+		t.Fatal(err)
+	}
+	locks, err = dsync.ListLocks(bg, db, prefix)
+	if err != nil || len(locks) != 2 {
+		t.Fatalf("ListLocks after d's lease ended: got %+v, %v; want a's 2 holds", locks, err)
+	}
+	for _, l := range locks {
+		if l.Session != a.ID() {
+			t.Errorf("ListLocks after d's lease ended: got %+v; want only a's holds", l)
+		}
+	}
+}
+
+// TestListLocksWriterAhead checks which tickets hold when a writer holds
+// a queued lock: the writer, not the readers queued behind it.
+func TestListLocksWriterAhead(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("lsw")
+	w := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("writer"))
+	r := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("reader"))
+	rw := dsync.NewRWMutex(w, "rw")
+	if err := rw.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	read := make(chan error, 1)
+	go func() { read <- dsync.NewRWMutex(r, "rw").RLock(ctx) }()
+	locks := waitForLocks(t, db, prefix, "the writer's hold with 1 waiter", func(ls []dsync.LockInfo) bool {
+		return len(ls) == 1 && ls[0].Waiters == 1
+	})
+	want := dsync.LockInfo{Name: "rw", Kind: dsync.KindWrite, Holder: "writer", Session: w.ID(), Fence: rw.Fence(), Waiters: 1}
+	if got := locks[0]; got.Held <= 0 {
+		t.Errorf("Held: got %v; want > 0", got.Held)
+	} else if got.Held = 0; got != want {
+		t.Errorf("ListLocks: got %+v; want %+v", got, want)
+	}
+	if err := rw.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-read; err != nil {
+		t.Fatalf("RLock after the writer left: got %v; want nil", err)
+	}
+	locks = waitForLocks(t, db, prefix, "the reader's hold", func(ls []dsync.LockInfo) bool { return len(ls) == 1 })
+	if got := locks[0]; got.Kind != dsync.KindRead || got.Session != r.ID() || got.Fence != 0 || got.Waiters != 0 {
+		t.Errorf("ListLocks after the writer left: got %+v; want r's read hold, fence 0, no waiters", got)
+	}
+}
+
+// TestForceRelease frees a Mutex held by a live session: another session
+// takes it at once with a greater fence, the stuck holder's Unlock reports
+// ErrNotHeld, and a lock nobody holds is left alone.
+func TestForceRelease(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("force")
+	stuck := sessionOn(t, db, dsync.WithTablePrefix(prefix))
+	other := sessionOn(t, db, dsync.WithTablePrefix(prefix))
+	m := dsync.NewMutex(stuck, "job")
+	if err := m.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	stale := m.Fence()
+	if ok, err := dsync.ForceRelease(bg, db, prefix, "job"); !ok || err != nil {
+		t.Fatalf("ForceRelease of a held lock: got %v, %v; want true, nil", ok, err)
+	}
+	m2 := dsync.NewMutex(other, "job")
+	if ok, err := m2.TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock after ForceRelease: got %v, %v; want true, nil", ok, err)
+	}
+	if m2.Fence() <= stale {
+		t.Errorf("fence after ForceRelease: got %d; want > %d, the stuck holder's", m2.Fence(), stale)
+	}
+	if err := m.Unlock(bg); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Errorf("the stuck holder's Unlock: got %v; want ErrNotHeld", err)
+	}
+	if err := stuck.Err(); err != nil {
+		t.Errorf("the stuck holder's session: got %v; want it live (it is not told)", err)
+	}
+	if err := m2.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dsync.ForceRelease(bg, db, prefix, "job"); ok || err != nil {
+		t.Errorf("ForceRelease of a free lock: got %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := dsync.ForceRelease(bg, db, prefix, "never-used"); ok || err != nil {
+		t.Errorf("ForceRelease of a lock never used: got %v, %v; want false, nil", ok, err)
+	}
+	// A queued lock of the name is another lock: untouched.
+	fair := dsync.NewFairMutex(other, "job")
+	if err := fair.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dsync.ForceRelease(bg, db, prefix, "job"); ok || err != nil {
+		t.Errorf("ForceRelease with only a FairMutex held: got %v, %v; want false, nil", ok, err)
+	}
+	if err := fair.Unlock(bg); err != nil {
+		t.Errorf("FairMutex.Unlock after ForceRelease of the Mutex: got %v; want nil", err)
+	}
+}
+
+// TestAdminMisuse checks the sentinel errors of the operator functions.
+func TestAdminMisuse(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("adminmisuse")
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"Schema bad prefix", func() error { _, err := dsync.Schema("x-y"); return err }, dsync.ErrInvalidOption},
+		{"Schema long prefix", func() error { _, err := dsync.Schema(strings.Repeat("p", 33)); return err }, dsync.ErrInvalidOption},
+		{"ListLocks bad prefix", func() error { _, err := dsync.ListLocks(bg, db, "`; DROP"); return err }, dsync.ErrInvalidOption},
+		{"ListLocks nil db", func() error { _, err := dsync.ListLocks(bg, nil, prefix); return err }, dsync.ErrInvalidOption},
+		{"LockHolders empty name", func() error { _, err := dsync.LockHolders(bg, db, prefix, ""); return err }, dsync.ErrInvalidName},
+		{"LockHolders bad prefix", func() error { _, err := dsync.LockHolders(bg, db, "a b", "x"); return err }, dsync.ErrInvalidOption},
+		{"ForceRelease empty name", func() error { _, err := dsync.ForceRelease(bg, db, prefix, ""); return err }, dsync.ErrInvalidName},
+		{"ForceRelease long name", func() error { _, err := dsync.ForceRelease(bg, db, prefix, strings.Repeat("n", 256)); return err }, dsync.ErrInvalidName},
+		{"ForceRelease bad UTF-8", func() error { _, err := dsync.ForceRelease(bg, db, prefix, "\xff"); return err }, dsync.ErrInvalidName},
+		{"ForceRelease bad prefix", func() error { _, err := dsync.ForceRelease(bg, db, "é", "x"); return err }, dsync.ErrInvalidOption},
+		{"ForceRelease nil db", func() error { _, err := dsync.ForceRelease(bg, nil, prefix, "x"); return err }, dsync.ErrInvalidOption},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.call(); !errors.Is(err, tt.want) {
+				t.Errorf("got %v; want %v", err, tt.want)
+			}
+		})
+	}
+	// Tables of a prefix no session has used: a database error, not a panic.
+	missing := freshPrefix("nosuch")
+	if _, err := dsync.ListLocks(bg, db, missing); err == nil {
+		t.Errorf("ListLocks on missing tables: got nil; want an error")
+	}
+	if _, err := dsync.ForceRelease(bg, db, missing, "x"); err == nil {
+		t.Errorf("ForceRelease on missing tables: got nil; want an error")
+	}
+}

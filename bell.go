@@ -1,0 +1,403 @@
+package dsync
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// Doorbells: how a Mutex waiter in another process learns of a release
+// without polling.
+//
+// Each session that has held or waited for a lock keeps a doorbell: a named lock
+// (GET_LOCK) called "dsync:<lease id>:<generation>", held on a connection of
+// its own, whose generation it publishes in its lease row (lease.bell). A
+// waiter says that it waits (lock.wanted_until, qLockWant), reads who holds
+// the lock and that session's doorbell (qLockBell), and blocks in GET_LOCK
+// on it (qBellWait). A release that finds wanted_until current (qLockRelease)
+// rings: the releaser takes the next generation and lets the current one go
+// (qBellRing), which wakes every waiter blocked on it, and then publishes
+// the next generation. A woken waiter tries the lock row again.
+//
+// No wake-up is lost: a waiter reads the doorbell after saying that it
+// waits, so a release after its qLockWant rings the generation it read or a
+// later one, and a waiter that blocks on a generation already rung gets it
+// at once. The row stays the only source of truth: a doorbell that rings
+// for nothing, or never, costs a retry or a wait of at most bellWait, never
+// a wrong answer. Doorbells are per server, not replicated, so on a Galera
+// cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
+// when the *sql.DB limits its open connections (doorbells take connections
+// of their own: one per session that has held a Mutex, and one per name
+// its process waits for, at most bellWaiters), when a holder has no
+// doorbell (bell 0), or when its doorbell reads as rung at once again and
+// again (its connection went away). A waiter blocks no longer than the
+// holder's lease has left, so a holder that stopped renewing (paused, cut
+// off) is overtaken as soon as its lease ends.
+const (
+	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
+	bellWaiters = 8                    // most connections a session blocks on doorbells with
+	bellLate    = 5 * time.Millisecond // a block outlasts the holder's lease by this much
+)
+
+// bellName is the GET_LOCK name of generation gen of session id's doorbell
+// (at most 6+16+1+16 = 39 characters; the limit is 64).
+func bellName(id, gen int64) string { return fmt.Sprintf("dsync:%x:%x", id, gen) }
+
+// doorbell is the holder side: a goroutine that takes the session's
+// doorbell when the session first holds a Mutex, and rings it on request.
+type doorbell struct {
+	ring chan struct{} // a value: ring soon (or take the doorbell)
+	done chan struct{} // closed when the goroutine returns
+
+	armed   atomic.Bool // started, read without Session.mu
+	started bool        // guarded by Session.mu
+	off     bool        // guarded by Session.mu; the server refused GET_LOCK
+}
+
+// bellWaiter is the waiter side: connections blocked on, or kept for
+// blocking on, other sessions' doorbells.
+type bellWaiter struct {
+	mu     sync.Mutex
+	idle   []*connpool.Conn // guarded by mu
+	open   int              // guarded by mu; connections open, idle or in use
+	closed bool             // guarded by mu; the session ended: keep none
+}
+
+// armBell starts the session's doorbell, once, after its first
+// acquisition or when it first waits, off the caller's path. It does nothing on a Galera cluster,
+// after the session has ended, or when the server refused GET_LOCK.
+func (s *Session) armBell() {
+	if s.bell.armed.Load() || s.galera || s.db.Stats().MaxOpenConnections != 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bell.started || s.bell.off || s.closed || s.err != nil {
+		return
+	}
+	s.bell.started = true
+	s.bell.armed.Store(true)
+	go s.runBell()
+}
+
+// stopBell waits for the doorbell goroutine, which ends with the session,
+// and closes the idle waiting connections.
+func (s *Session) stopBell() {
+	s.mu.Lock()
+	started := s.bell.started
+	s.mu.Unlock()
+	if started {
+		<-s.bell.done
+	}
+	s.waiters.closeIdle()
+}
+
+// ringBell asks the doorbell goroutine to ring, without waiting for it.
+func (s *Session) ringBell() {
+	select {
+	case s.bell.ring <- struct{}{}:
+	default: // a ring is pending already; it wakes the same waiters
+	}
+}
+
+// runBell holds the session's doorbell and rings it on request, until the
+// session ends. A failure drops the connection (which lets the doorbell go:
+// its waiters wake and poll) and takes a new generation on a new one.
+func (s *Session) runBell() {
+	defer close(s.bell.done)
+	ctx := s.stopped
+	var c *connpool.Conn
+	var gen int64
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
+	for {
+		if c == nil {
+			var err error
+			c, err = s.takeBell(ctx, gen+1)
+			if err != nil {
+				if isErrNo(err, 1235) || ctx.Err() != nil {
+					s.mu.Lock()
+					s.bell.off = ctx.Err() == nil
+					s.mu.Unlock()
+					if ctx.Err() == nil {
+						s.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
+					}
+					return
+				}
+				s.logger.Debug("dsync: doorbell failed", "err", err)
+			} else {
+				gen++
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.bell.ring:
+		}
+		if c == nil {
+			continue
+		}
+		if err := s.ring(ctx, c, gen); err != nil {
+			s.logger.Debug("dsync: doorbell ring failed", "err", err)
+			c.Close()
+			c = nil
+			continue
+		}
+		gen++
+	}
+}
+
+// takeBell opens a connection, takes generation gen of the doorbell on it
+// and publishes it.
+func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, error) {
+	c, err := s.pool.Dedicated(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var took sql.NullInt64
+	err = s.query(ctx, c, sBellTake, []any{bellName(s.id, gen)}, &took)
+	if err == nil && took.Int64 != 1 {
+		err = errors.New("doorbell taken by another connection")
+	}
+	if err == nil {
+		err = s.publishBell(ctx, c, gen)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// ring takes generation gen+1 of the doorbell and lets gen go, waking its
+// waiters, then publishes gen+1.
+func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
+	var took sql.NullInt64
+	if err := s.query(ctx, c, sBellRing, []any{bellName(s.id, gen+1), bellName(s.id, gen)}, &took); err != nil {
+		return err
+	}
+	if took.Int64 != 1 {
+		return errors.New("next doorbell taken by another connection")
+	}
+	return s.publishBell(ctx, c, gen+1)
+}
+
+// publishBell writes the doorbell's generation into the lease row.
+func (s *Session) publishBell(ctx context.Context, c *connpool.Conn, gen int64) error {
+	st, err := c.Stmt(ctx, s.pool, int(sLeaseBell))
+	if err != nil {
+		return err
+	}
+	_, err = retryRolledBack(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, gen, s.id) })
+	return err
+}
+
+// query runs prepared statement stmt on c and scans its one row into dest.
+func (s *Session) query(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args []any, dest ...any) error {
+	st, err := c.Stmt(ctx, s.pool, int(stmt))
+	if err != nil {
+		return err
+	}
+	return st.QueryRowContext(ctx, args...).Scan(dest...)
+}
+
+// bellRef names one generation of one session's doorbell.
+type bellRef struct{ id, gen int64 }
+
+// bellState is what one Lock call's waiting remembers between doorbells.
+type bellState struct {
+	last   bellRef // the doorbell woken from the time before
+	wanted bool    // qLockWant was sent: it may have claimed the next hold
+}
+
+// awaitBell waits for the release of the Mutex row name by blocking on its
+// holder's doorbell (see the doorbell comment above). It reports false when
+// the caller should poll instead; true when it waited, or found nobody to
+// wait for, and the row should be tried again at once. st.last is the
+// doorbell it woke from the time before: finding it again means that
+// doorbell rang without being replaced yet, or is gone, and the caller
+// polls once.
+func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
+	s := m.s
+	if !s.bells() {
+		return false
+	}
+	s.armBell() // waiters behind this one wait on its doorbell
+	want := (bellWait + 2*time.Second).Microseconds()
+	st.wanted = true
+	if _, err := s.exec(ctx, sLockWant, want, s.id, s.id, s.id, want, m.name); err != nil {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return false
+	}
+	var ref bellRef
+	var left int64 // microseconds the holder's lease has left
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{m.name, s.id}, &ref.id, &ref.gen, &left)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return true // nobody live holds or claimed it: try now
+	case err != nil:
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return false
+	case ref.gen == 0 || ref == st.last:
+		st.last = bellRef{}
+		return false
+	}
+	c := s.waiters.get(ctx, s)
+	if c == nil {
+		return false
+	}
+	st.last = ref
+	s.waitBell(ctx, c, ref, left, m.name)
+	return true
+}
+
+// withDedicated runs f under a ctx that also ends with the session, then
+// keeps c for the next waiter, or closes it when the call failed or ended
+// with ctx.
+func (s *Session) withDedicated(ctx context.Context, c *connpool.Conn, f func(context.Context) error) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.stopped, cancel)
+	err := f(sctx)
+	stop()
+	s.waiters.put(c, err == nil && sctx.Err() == nil && s.stopped.Err() == nil)
+	return err
+}
+
+// bells reports whether the session's Mutex waiters block on doorbells:
+// not on a Galera cluster, not when the server refused GET_LOCK, and not
+// when the *sql.DB limits its connections (doorbells take connections of
+// their own, which would come out of the caller's share).
+func (s *Session) bells() bool {
+	if s.galera || s.db.Stats().MaxOpenConnections != 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.bell.off
+}
+
+// get returns a connection to block on a doorbell with, or nil when the
+// session has bellWaiters blocked already or none can be opened.
+func (w *bellWaiter) get(ctx context.Context, s *Session) *connpool.Conn {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	if n := len(w.idle); n > 0 {
+		c := w.idle[n-1]
+		w.idle = w.idle[:n-1]
+		w.mu.Unlock()
+		return c
+	}
+	if w.open >= bellWaiters {
+		w.mu.Unlock()
+		return nil
+	}
+	w.open++
+	w.mu.Unlock()
+	c, err := s.pool.Dedicated(ctx)
+	if err != nil {
+		w.mu.Lock()
+		w.open--
+		w.mu.Unlock()
+		return nil
+	}
+	return c
+}
+
+// put keeps c for the next waiter when keep is set, else closes it.
+func (w *bellWaiter) put(c *connpool.Conn, keep bool) {
+	w.mu.Lock()
+	if keep && !w.closed {
+		w.idle = append(w.idle, c)
+		w.mu.Unlock()
+		return
+	}
+	w.open--
+	w.mu.Unlock()
+	c.Close()
+}
+
+// closeIdle closes the idle connections (the session has ended; those in
+// use are closed when put back).
+func (w *bellWaiter) closeIdle() {
+	w.mu.Lock()
+	w.closed = true
+	idle := w.idle
+	w.idle = nil
+	w.open -= len(idle)
+	w.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+// awaitTicketBell waits for the nearest conflicting ticket ahead of w to
+// go, by blocking on its session's doorbell after leaving a marker behind
+// it (qTicketWant). It reports false when the caller should poll instead;
+// true when it waited, or found the line moved, and w's turn should be
+// checked again at once. last is as in awaitBell.
+func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, last *bellRef) bool {
+	if !s.bells() {
+		return false
+	}
+	s.armBell() // waiters behind this one wait on its doorbell
+	var seq, left int64
+	var ref bellRef
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode}, &seq, &ref.id, &ref.gen, &left)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return true // nothing conflicting ahead any more
+	case err != nil:
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
+		return false
+	case ref.gen == 0 || ref == *last:
+		*last = bellRef{}
+		return false
+	}
+	res, err := s.exec(ctx, sTicketWant, name, seq)
+	if err != nil {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
+		return false
+	}
+	if there, _ := res.LastInsertId(); there != 1 {
+		return true // the ticket ahead went meanwhile
+	}
+	c := s.waiters.get(ctx, s)
+	if c == nil {
+		return false
+	}
+	*last = ref
+	s.waitBell(ctx, c, ref, left, name)
+	return true
+}
+
+// waitBell blocks on c until doorbell ref rings, for at most bellWait or
+// until left microseconds (what the ringing session's lease has left)
+// have passed, or ctx or the session ends.
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name string) {
+	bell := bellName(ref.id, ref.gen)
+	timeout := min(bellWait, time.Duration(left)*time.Microsecond+bellLate).Seconds()
+	var rung sql.NullInt64
+	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
+		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &rung)
+	})
+	if err != nil {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
+	}
+}

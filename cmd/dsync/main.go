@@ -1,0 +1,204 @@
+// Command dsync runs a command while holding a dsync lock, and lets
+// operators see and override the locks of a database.
+//
+//	dsync run [flags] NAME -- COMMAND [ARG...]   run COMMAND while holding the lock NAME
+//	dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
+//	dsync schema [--prefix P]                    the CREATE TABLE statements
+//	dsync release --force [--dsn DSN] [--prefix P] NAME   free a Mutex held by a live session
+//
+// Install it with
+//
+//	go install github.com/dsynclock/dsync/cmd/dsync@latest
+//
+// The README's "Command line" section describes the flags, the exit
+// statuses, the environment of the command, and how signals and terminals
+// are handled. Flags take one or two dashes (-ttl or --ttl) and go before
+// the lock name.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/dsynclock/dsync"
+)
+
+// Exit statuses (besides the command's own, and 128+N for a signal N).
+// The numbers of 64 and up are those of BSD's sysexits.h.
+const (
+	exitOK          = 0
+	exitFailure     = 1   // release: no live session held the lock
+	exitUsage       = 64  // EX_USAGE: bad flags or arguments, or no DSN
+	exitUnavailable = 69  // EX_UNAVAILABLE: the database could not be used (before the command started)
+	exitLeaseLost   = 70  // EX_SOFTWARE: the lease was lost while the command ran
+	exitNotObtained = 75  // EX_TEMPFAIL: the lock was not obtained (--nonblock, or --wait elapsed)
+	exitCannotRun   = 126 // the command was found but could not be started (as in sh)
+	exitNotFound    = 127 // the command was not found (as in sh)
+	exitSignal      = 128 // plus the signal's number
+)
+
+// envDSN names the environment variable of the default DSN.
+const envDSN = "DSYNC_DSN"
+
+// defaultConnectTimeout bounds the setup: connecting, and for ls and
+// release the whole command.
+const defaultConnectTimeout = 10 * time.Second
+
+const usage = `usage:
+  dsync run [flags] NAME -- COMMAND [ARG...]   run COMMAND while holding the lock NAME
+      --dsn DSN        database (default: $DSYNC_DSN; go-sql-driver DSN syntax)
+      --ttl D          lease TTL (default 15s)
+      --prefix P       table prefix (default dsync_)
+      --wait D         give up after waiting D (default: wait forever)
+      -n, --nonblock   fail at once if the lock is taken
+      --fair | --read | --write
+                       FairMutex; RWMutex read side; RWMutex write side (default: Mutex)
+      --grace D        on lease loss: SIGTERM to the command, SIGKILL after D (default 10s)
+      --label L        holder label (default host:pid)
+      --connect-timeout D
+                       give up connecting after D (default 10s)
+  dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
+  dsync schema [--prefix P]                    the CREATE TABLE statements
+  dsync release --force [--dsn DSN] [--prefix P] NAME
+                                               free a Mutex held by a live session
+ls and release also take --connect-timeout D, which bounds the whole command.
+Exit status of run: the command's; 128+N when it died of signal N; 75 lock not
+obtained; 70 lease lost while the command ran; 69 database unusable; 64 usage.
+`
+
+var (
+	stdout io.Writer = os.Stdout
+	stderr io.Writer = os.Stderr
+)
+
+func main() {
+	os.Exit(dsyncMain(os.Args[1:]))
+}
+
+// dsyncMain runs the command line args and returns the exit status.
+func dsyncMain(args []string) int {
+	if len(args) == 0 {
+		return usageError("no command")
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(args[1:])
+	case "ls":
+		return cmdLs(args[1:])
+	case "schema":
+		return cmdSchema(args[1:])
+	case "release":
+		return cmdRelease(args[1:])
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	return usageError(fmt.Sprintf("unknown command %q", args[0]))
+}
+
+// usageError prints msg and the usage on stderr and returns exitUsage.
+func usageError(msg string) int {
+	fmt.Fprintf(stderr, "dsync: %s\n%s", msg, usage)
+	return exitUsage
+}
+
+// newFlags returns an empty flag set for command; parse errors and -h are
+// reported by parseFlags.
+func newFlags(command string) *flag.FlagSet {
+	fs := flag.NewFlagSet("dsync "+command, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses args into fs. It returns -1 when the command goes on,
+// else the exit status: 0 after -h (usage on stdout), exitUsage after a
+// bad flag.
+func parseFlags(fs *flag.FlagSet, args []string) int {
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case err != nil:
+		return usageError(fmt.Sprintf("%s: %v", fs.Name(), err))
+	}
+	return -1
+}
+
+// dbFlags are the flags of the commands that use the database.
+type dbFlags struct {
+	dsn            string
+	prefix         string
+	connectTimeout time.Duration
+}
+
+func (d *dbFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&d.dsn, "dsn", os.Getenv(envDSN), "")
+	fs.StringVar(&d.prefix, "prefix", "dsync_", "")
+	fs.DurationVar(&d.connectTimeout, "connect-timeout", defaultConnectTimeout, "")
+}
+
+// check returns the usage error of the flags, or "".
+func (d *dbFlags) check() string {
+	switch {
+	case d.dsn == "":
+		return "no database: pass --dsn or set " + envDSN
+	case d.connectTimeout <= 0:
+		return "--connect-timeout must be positive"
+	}
+	return ""
+}
+
+// openDB returns the connection pool of the DSN, or an error when the DSN
+// does not parse. It connects to nothing yet.
+func openDB(dsn string) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("bad DSN: %w", err)
+	}
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bad DSN: %w", err)
+	}
+	return sql.OpenDB(c), nil
+}
+
+// unavailable reports err as the database being unusable and returns
+// exitUnavailable.
+func unavailable(err error) int {
+	fmt.Fprintf(stderr, "dsync: database unusable: %v\n", err)
+	return exitUnavailable
+}
+
+// withDB runs f with the database of d, bounded by d.connectTimeout, and
+// returns its exit status; errors of the database give exitUnavailable.
+func withDB(d *dbFlags, f func(context.Context, *sql.DB) (int, error)) int {
+	db, err := openDB(d.dsn)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), d.connectTimeout)
+	defer cancel()
+	code, err := f(ctx, db)
+	if errors.Is(err, dsync.ErrInvalidName) || errors.Is(err, dsync.ErrInvalidOption) {
+		return usageError(err.Error()) // found before anything was sent
+	}
+	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1146 { // no such table
+			err = fmt.Errorf("%w (has no session used prefix %q yet?)", err, d.prefix)
+		}
+		return unavailable(err)
+	}
+	return code
+}

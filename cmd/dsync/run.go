@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dsynclock/dsync"
+)
+
+// Lock kinds of dsync run.
+const (
+	kindMutex = "mutex"
+	kindFair  = "fair"
+	kindRead  = "read"
+	kindWrite = "write"
+)
+
+// releaseTimeout bounds the Unlock after the command has ended; Close,
+// which frees everything the session holds anyway, is bounded by the TTL.
+const releaseTimeout = 5 * time.Second
+
+// runConfig is the parsed command line of dsync run.
+type runConfig struct {
+	dbFlags
+	ttl      time.Duration
+	wait     time.Duration // 0: wait for ever (unless nonblock)
+	nonblock bool          // -n, --nonblock, or --wait 0
+	kind     string        // kindMutex, kindFair, kindRead or kindWrite
+	grace    time.Duration
+	label    string
+	labelSet bool
+	name     string
+	argv     []string // the command and its arguments
+}
+
+// cmdRun runs a command while holding a lock:
+// dsync run [flags] NAME -- COMMAND [ARG...].
+func cmdRun(args []string) int {
+	c, code := parseRun(args)
+	if code >= 0 {
+		return code
+	}
+	return c.run()
+}
+
+// parseRun parses the arguments of dsync run. It returns -1 and the
+// configuration, or the exit status of a usage error or -h.
+func parseRun(args []string) (*runConfig, int) {
+	c := &runConfig{}
+	fs := newFlags("run")
+	c.register(fs)
+	fs.DurationVar(&c.ttl, "ttl", dsync.DefaultTTL, "")
+	fs.DurationVar(&c.wait, "wait", 0, "")
+	fs.BoolVar(&c.nonblock, "nonblock", false, "")
+	fs.BoolVar(&c.nonblock, "n", false, "")
+	fair := fs.Bool("fair", false, "")
+	read := fs.Bool("read", false, "")
+	write := fs.Bool("write", false, "")
+	fs.DurationVar(&c.grace, "grace", 10*time.Second, "")
+	fs.StringVar(&c.label, "label", "", "")
+	if code := parseFlags(fs, args); code >= 0 {
+		return nil, code
+	}
+	waitSet := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "wait":
+			waitSet = true
+		case "label":
+			c.labelSet = true
+		}
+	})
+
+	c.kind = kindMutex
+	kinds := 0
+	for _, k := range []struct {
+		set  bool
+		kind string
+	}{{*fair, kindFair}, {*read, kindRead}, {*write, kindWrite}} {
+		if k.set {
+			c.kind = k.kind
+			kinds++
+		}
+	}
+	rest := fs.Args()
+	switch {
+	case kinds > 1:
+		return nil, usageError("run: --fair, --read and --write exclude each other")
+	case waitSet && c.nonblock:
+		return nil, usageError("run: --wait and --nonblock exclude each other")
+	case c.wait < 0:
+		return nil, usageError("run: --wait must not be negative")
+	case c.grace < 0:
+		return nil, usageError("run: --grace must not be negative")
+	case len(rest) == 0:
+		return nil, usageError("run: no lock name")
+	case len(rest) == 1 || len(rest) == 2 && rest[1] == "--":
+		return nil, usageError("run: no command")
+	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
+		return nil, usageError(fmt.Sprintf("run: %q after the lock name: flags go before it, the command after --", rest[1]))
+	}
+	if waitSet && c.wait == 0 {
+		c.nonblock = true
+	}
+	c.name, c.argv = rest[0], rest[1:]
+	if c.argv[0] == "--" {
+		c.argv = c.argv[1:]
+	}
+	if msg := c.check(); msg != "" {
+		return nil, usageError(msg)
+	}
+	return c, -1
+}
+
+// options returns the session options of the flags.
+func (c *runConfig) options() []dsync.Option {
+	opts := []dsync.Option{dsync.WithTTL(c.ttl), dsync.WithTablePrefix(c.prefix)}
+	if c.labelSet {
+		opts = append(opts, dsync.WithLabel(c.label))
+	}
+	return opts
+}
+
+// run connects, takes the lock, runs the command and releases the lock,
+// and returns the exit status.
+func (c *runConfig) run() int {
+	r := newRelay()
+	defer r.stop()
+
+	db, err := openDB(c.dsn)
+	if err != nil {
+		return unavailable(err)
+	}
+	defer db.Close()
+	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
+	s, err := dsync.NewSession(setup, db, c.options()...)
+	cancel()
+	if err != nil {
+		if sig, ok := r.received(); ok {
+			return exitSignal + int(sig)
+		}
+		if errors.Is(err, dsync.ErrInvalidOption) {
+			return usageError(err.Error())
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no session within --connect-timeout %v: %w", c.connectTimeout, err)
+		}
+		return unavailable(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			fmt.Fprintf(stderr, "dsync: %v\n", err)
+		}
+	}()
+
+	l := newLock(s, c.kind, c.name)
+	if code := c.acquire(r, db, l); code >= 0 {
+		return code
+	}
+	code, lost := c.runCommand(r, s, l)
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	switch err := l.unlock(ctx); {
+	case err == nil || lost:
+	case errors.Is(err, dsync.ErrNotHeld):
+		// Freed by dsync release --force, or taken over after the lease
+		// lapsed unnoticed: the command may have shared the lock.
+		fmt.Fprintf(stderr, "dsync: lock %q was not held any more when %s ended: %v\n", c.name, c.argv[0], err)
+	default:
+		fmt.Fprintf(stderr, "dsync: %v (the lock is freed as the session closes)\n", err)
+	}
+	return code
+}
+
+// acquire takes the lock. It returns -1 once the lock is held, else the
+// exit status.
+func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
+	ok, err := l.try(r.ctx)
+	if err == nil && !ok && !c.nonblock {
+		if isTerminal(os.Stderr) {
+			c.sayWaiting(r.ctx, db, l)
+		}
+		ctx := r.ctx
+		if c.wait > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.wait)
+			defer cancel()
+		}
+		err = l.lock(ctx)
+		ok = err == nil
+	}
+	if sig, received := r.received(); received {
+		// A Lock that ctx ended holds nothing (an acquisition that landed
+		// was undone); one that won the race is released here.
+		if ok {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			defer cancel()
+			_ = l.unlock(ctx)
+		}
+		return exitSignal + int(sig)
+	}
+	switch {
+	case ok:
+		return -1
+	case err == nil:
+		fmt.Fprintf(stderr, "dsync: lock %q not obtained: it is taken (--nonblock)\n", c.name)
+		return exitNotObtained
+	case errors.Is(err, context.DeadlineExceeded):
+		fmt.Fprintf(stderr, "dsync: lock %q not obtained within --wait %v\n", c.name, c.wait)
+		return exitNotObtained
+	case errors.Is(err, dsync.ErrInvalidName):
+		return usageError(err.Error())
+	}
+	return unavailable(err)
+}
+
+// sayWaiting prints once on stderr which lock dsync waits for and who holds
+// it, as far as a quick look at the tables tells.
+func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	holders, _ := dsync.LockHolders(ctx, db, c.prefix, c.name)
+	var blocking []dsync.LockInfo
+	for _, h := range holders {
+		if l.space(h.Kind) {
+			blocking = append(blocking, h)
+		}
+	}
+	msg := fmt.Sprintf("dsync: waiting for lock %q", c.name)
+	if len(blocking) > 0 {
+		h := blocking[0]
+		msg += fmt.Sprintf(" held by %s for up to %s", h.Holder, roughly(h.Held))
+		if n := len(blocking) - 1; n > 0 {
+			msg += fmt.Sprintf(" (and %d more holders)", n)
+		}
+	}
+	fmt.Fprintln(stderr, msg)
+}
+
+// runCommand runs the command while the lock is held and returns its exit
+// status, and whether the lease was lost meanwhile (the status is then
+// exitLeaseLost).
+func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, lost bool) {
+	cmd := exec.Command(c.argv[0], c.argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		"DSYNC_LOCK="+c.name,
+		"DSYNC_FENCE="+strconv.FormatInt(l.fence(), 10),
+		"DSYNC_SESSION="+strconv.FormatInt(s.ID(), 10))
+	fg := foreground()
+	cmd.SysProcAttr = childAttr(fg)
+	started, err := r.start(cmd)
+	if fg {
+		// The command may have taken the terminal, even if it then failed
+		// to start: take it back when it is done (see afterStart).
+		afterStart()
+		defer takeTerminalBack()
+	}
+	switch {
+	case err != nil && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist)):
+		fmt.Fprintf(stderr, "dsync: %v\n", err)
+		return exitNotFound, false
+	case err != nil:
+		fmt.Fprintf(stderr, "dsync: %v\n", err)
+		return exitCannotRun, false
+	case !started:
+		sig, _ := r.received()
+		return exitSignal + int(sig), false
+	}
+
+	pid := cmd.Process.Pid // waitChild releases cmd.Process
+	waited := make(chan int, 1)
+	go func() { waited <- waitChild(cmd, fg) }()
+	select {
+	case code = <-waited:
+	case <-s.Done():
+		lost = true
+		fmt.Fprintf(stderr, "dsync: lease of lock %q lost while %s ran: sending it SIGTERM (SIGKILL in %v)\n",
+			c.name, c.argv[0], c.grace)
+		signalChild(pid, syscall.SIGTERM)
+		continueChild(pid) // in case it is stopped
+		t := time.NewTimer(c.grace)
+		select {
+		case code = <-waited:
+			t.Stop()
+		case <-t.C:
+			fmt.Fprintf(stderr, "dsync: %s still runs %v after SIGTERM: sending it SIGKILL\n", c.argv[0], c.grace)
+			signalChild(pid, syscall.SIGKILL)
+			code = <-waited
+		}
+	}
+	r.exited()
+	if !lost && errors.Is(s.Err(), dsync.ErrSessionExpired) {
+		// Lost as the command ended (the keep-alive had not noticed yet):
+		// the command may have run its last moments without the lock.
+		lost = true
+		fmt.Fprintf(stderr, "dsync: lease of lock %q lost as %s ended\n", c.name, c.argv[0])
+	}
+	if lost {
+		return exitLeaseLost, true
+	}
+	return code, false
+}
+
+// lock is the lock of a dsync run, whatever its kind.
+type lock struct {
+	try    func(context.Context) (bool, error)
+	lock   func(context.Context) error
+	unlock func(context.Context) error
+	fence  func() int64
+	space  func(dsync.LockKind) bool // whether holds of this kind can block it
+}
+
+// newLock returns the lock of kind called name in s.
+func newLock(s *dsync.Session, kind, name string) *lock {
+	queued := func(k dsync.LockKind) bool { return k != dsync.KindMutex }
+	switch kind {
+	case kindFair:
+		m := dsync.NewFairMutex(s, name)
+		return &lock{m.TryLock, m.Lock, m.Unlock, m.Fence, queued}
+	case kindRead:
+		rw := dsync.NewRWMutex(s, name)
+		return &lock{rw.TryRLock, rw.RLock, rw.RUnlock, func() int64 { return 0 }, queued}
+	case kindWrite:
+		rw := dsync.NewRWMutex(s, name)
+		return &lock{rw.TryLock, rw.Lock, rw.Unlock, rw.Fence, queued}
+	}
+	m := dsync.NewMutex(s, name)
+	return &lock{m.TryLock, m.Lock, m.Unlock, m.Fence, func(k dsync.LockKind) bool { return k == dsync.KindMutex }}
+}

@@ -1,0 +1,429 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/faultproxy"
+)
+
+// TestExitStatusOfCommand: dsync run exits with the command's status.
+func TestExitStatusOfCommand(t *testing.T) {
+	for _, status := range []int{0, 1, 3, 42, 255} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			r := runDsync(t, "run", lockName(t), "--", "sh", "-c", fmt.Sprintf("exit %d", status))
+			if r.code != status {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, status, r.stderr)
+			}
+		})
+	}
+}
+
+// TestExitStatusCommandSignalled: 128+N when the command died of signal N.
+func TestExitStatusCommandSignalled(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGSEGV} {
+		t.Run(sig.String(), func(t *testing.T) {
+			r := runDsync(t, "run", lockName(t), "--", "sh", "-c", fmt.Sprintf("kill -%d $$", int(sig)))
+			if want := 128 + int(sig); r.code != want {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, want, r.stderr)
+			}
+		})
+	}
+}
+
+// TestExitStatusNotObtained: 75 when the lock is taken and dsync may not
+// wait (--nonblock, -n, --wait 0) or --wait elapses; the command never
+// runs.
+func TestExitStatusNotObtained(t *testing.T) {
+	bg := context.Background()
+	s := newSession(t, dsync.WithLabel("test-holder"))
+	name := lockName(t)
+	if err := dsync.NewMutex(s, name).Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := dsync.NewFairMutex(s, name).Lock(bg); err != nil { // the queued lock of the name
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		flags    []string
+		atLeast  time.Duration // the run took at least this long
+		response string        // in stderr
+	}{
+		{"nonblock", []string{"--nonblock"}, 0, "taken"},
+		{"n", []string{"-n"}, 0, "taken"},
+		{"wait 0", []string{"--wait", "0"}, 0, "taken"},
+		{"wait", []string{"--wait", "300ms"}, 300 * time.Millisecond, "within --wait 300ms"},
+		{"fair nonblock", []string{"--fair", "-n"}, 0, "taken"},
+		{"fair wait", []string{"--fair", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
+		{"read nonblock", []string{"--read", "-n"}, 0, "taken"},
+		{"read wait", []string{"--read", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
+		{"write wait", []string{"--write", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ran := filepath.Join(t.TempDir(), "ran")
+			r := runDsync(t, args([]string{"run"}, tt.flags, []string{name, "--", "touch", ran})...)
+			if r.code != exitNotObtained {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitNotObtained, r.stderr)
+			}
+			if exists(ran) {
+				t.Errorf("the command ran without the lock")
+			}
+			if r.took < tt.atLeast {
+				t.Errorf("took %v; want at least %v (the --wait)", r.took, tt.atLeast)
+			}
+			if !strings.Contains(r.stderr, tt.response) {
+				t.Errorf("stderr: got %q; want it to say %q", r.stderr, tt.response)
+			}
+		})
+	}
+}
+
+// TestExitStatusLeaseLost cuts the network between dsync and the database
+// while the command runs: the session is lost, dsync sends the command
+// SIGTERM (its trap writes a marker) and exits 70; a command that ignores
+// SIGTERM gets SIGKILL after --grace. Another session then gets the lock.
+func TestExitStatusLeaseLost(t *testing.T) {
+	tests := []struct {
+		name   string
+		script string // writes its pid to READY once running
+		marker bool   // whether it writes TERM to MARKER
+	}{
+		{"SIGTERM", `trap 'echo TERM > MARKER; exit 0' TERM; echo $$ > READY; while :; do sleep 0.05; done`, true},
+		{"SIGKILL after grace", `trap '' TERM; echo $$ > READY; while :; do sleep 0.05; done`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			upstream, err := mysql.ParseDSN(dbtest.DSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := faultproxy.New(upstream.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			upstream.Addr = p.Addr()
+			dir := t.TempDir()
+			ready, marker := filepath.Join(dir, "ready"), filepath.Join(dir, "marker")
+			name := lockName(t)
+			d := startDsync(t, args([]string{"run", "--dsn", upstream.FormatDSN(), "--ttl", "2s", "--grace", "1s", name, "--"},
+				script(tt.script, "READY", ready, "MARKER", marker))...)
+			pid, err := strconv.Atoi(strings.TrimSpace(waitFile(t, ready)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := p.Stats()
+			p.Cut(true)
+			r := d.wait(t)
+			if p.Stats().Dropped == before.Dropped {
+				t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
+			}
+			t.Logf("dsync exited %v after it started: %q", r.took, r.stderr)
+			if r.code != exitLeaseLost {
+				t.Errorf("exit status: got %d; want %d", r.code, exitLeaseLost)
+			}
+			if !strings.Contains(r.stderr, "lost") {
+				t.Errorf("stderr: got %q; want it to say the lease was lost", r.stderr)
+			}
+			if got, _ := os.ReadFile(marker); tt.marker && strings.TrimSpace(string(got)) != "TERM" {
+				t.Errorf("the command's SIGTERM trap: got marker %q; want TERM", got)
+			}
+			if tt.marker == false && !strings.Contains(r.stderr, "SIGKILL") {
+				t.Errorf("stderr: got %q; want it to say SIGKILL was sent", r.stderr)
+			}
+			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+				t.Errorf("the command (pid %d) after dsync exited: got %v; want it gone (ESRCH)", pid, err)
+			}
+			// The lease ended on the server: another session takes the lock.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := dsync.NewMutex(newSession(t), name).Lock(ctx); err != nil {
+				t.Errorf("Lock by another session after the lease was lost: got %v; want nil", err)
+			}
+		})
+	}
+}
+
+// TestExitStatusDatabaseUnusable: 69 when the database cannot be used:
+// a DSN that does not parse, a port that refuses, a server that accepts
+// but never answers (within --connect-timeout), a database that does not
+// exist. The command never runs.
+func TestExitStatusDatabaseUnusable(t *testing.T) {
+	refused := func() string { // a port nothing listens on
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}()
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	defer func() {
+		silent.Close()
+		for c := range accepted {
+			c.Close()
+		}
+	}()
+	cfg, err := mysql.ParseDSN(dbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = "no_such_database"
+	noDB := cfg.FormatDSN()
+
+	tests := []struct {
+		name string
+		dsn  string
+	}{
+		{"DSN does not parse", "root@tcp(127.0.0.1:3306)no-slash"},
+		{"port refuses", "root@tcp(" + refused + ")/x"},
+		{"server never answers", "root@tcp(" + silent.Addr().String() + ")/x"},
+		{"no such database", noDB},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ran := filepath.Join(t.TempDir(), "ran")
+			for _, cmd := range [][]string{
+				{"run", "--connect-timeout", "1s", "--dsn", tt.dsn, lockName(t), "--", "touch", ran},
+				{"ls", "--connect-timeout", "1s", "--dsn", tt.dsn},
+				{"release", "--force", "--connect-timeout", "1s", "--dsn", tt.dsn, lockName(t)},
+			} {
+				r := runDsync(t, cmd...)
+				if r.code != exitUnavailable {
+					t.Errorf("dsync %s: exit status: got %d; want %d (stderr %q)", cmd[0], r.code, exitUnavailable, r.stderr)
+				}
+				if !strings.Contains(r.stderr, "database unusable") {
+					t.Errorf("dsync %s: stderr: got %q; want it to say the database is unusable", cmd[0], r.stderr)
+				}
+			}
+			if exists(ran) {
+				t.Errorf("the command ran")
+			}
+		})
+	}
+	if len(accepted) == 0 {
+		t.Errorf("the silent server accepted no connection: that case was not tested")
+	}
+}
+
+// TestExitStatusUsage: 64 and the usage on stderr for bad command lines,
+// including no DSN at all; 0 and the usage on stdout for help.
+func TestExitStatusUsage(t *testing.T) {
+	name := lockName(t)
+	tests := []struct {
+		name string
+		args []string
+		env  string // DSYNC_DSN, when not the test database's
+	}{
+		{"no command", nil, ""},
+		{"unknown command", []string{"lock", name}, ""},
+		{"run: unknown flag", []string{"run", "--frobnicate", name, "--", "true"}, ""},
+		{"run: no name", []string{"run"}, ""},
+		{"run: no command", []string{"run", name}, ""},
+		{"run: no command after --", []string{"run", name, "--"}, ""},
+		{"run: flag after the name", []string{"run", name, "--ttl", "5s", "--", "true"}, ""},
+		{"run: two kinds", []string{"run", "--fair", "--read", name, "--", "true"}, ""},
+		{"run: wait and nonblock", []string{"run", "--wait", "1s", "-n", name, "--", "true"}, ""},
+		{"run: negative wait", []string{"run", "--wait", "-1s", name, "--", "true"}, ""},
+		{"run: negative grace", []string{"run", "--grace", "-1s", name, "--", "true"}, ""},
+		{"run: bad duration", []string{"run", "--ttl", "soon", name, "--", "true"}, ""},
+		{"run: TTL too short", []string{"run", "--ttl", "100ms", name, "--", "true"}, ""},
+		{"run: bad prefix", []string{"run", "--prefix", "no-dashes", name, "--", "true"}, ""},
+		{"run: label too long", []string{"run", "--label", strings.Repeat("x", 256), name, "--", "true"}, ""},
+		{"run: empty name", []string{"run", "", "--", "true"}, ""},
+		{"run: no DSN", []string{"run", name, "--", "true"}, "-"},
+		{"run: empty --dsn", []string{"run", "--dsn", "", name, "--", "true"}, ""},
+		{"ls: argument", []string{"ls", "extra"}, ""},
+		{"ls: no DSN", []string{"ls"}, "-"},
+		{"ls: bad prefix", []string{"ls", "--prefix", "a b"}, ""},
+		{"schema: bad prefix", []string{"schema", "--prefix", "a;b"}, ""},
+		{"release: no --force", []string{"release", name}, ""},
+		{"release: no name", []string{"release", "--force"}, ""},
+		{"release: two names", []string{"release", "--force", name, name}, ""},
+		{"release: empty name", []string{"release", "--force", ""}, ""},
+		{"release: no DSN", []string{"release", "--force", name}, "-"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd, out, errOut := dsyncCmd(tt.args...)
+			if tt.env == "-" {
+				cmd.Env = append(cmd.Env, envDSN+"=") // the last one counts
+			}
+			ran := filepath.Join(t.TempDir(), "ran")
+			for i, a := range cmd.Args {
+				if a == "true" {
+					cmd.Args[i] = "touch"
+					cmd.Args = append(cmd.Args, ran)
+					break
+				}
+			}
+			r := startCmd(t, cmd, out, errOut).wait(t)
+			if r.code != exitUsage {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitUsage, r.stderr)
+			}
+			if !strings.Contains(r.stderr, "usage:") {
+				t.Errorf("stderr: got %q; want the usage", r.stderr)
+			}
+			if r.stdout != "" {
+				t.Errorf("stdout: got %q; want nothing", r.stdout)
+			}
+			if exists(ran) {
+				t.Errorf("the command ran")
+			}
+		})
+	}
+	for _, help := range [][]string{{"help"}, {"--help"}, {"-h"}, {"run", "-h"}, {"ls", "--help"}} {
+		r := runDsync(t, help...)
+		if r.code != 0 || !strings.Contains(r.stdout, "dsync run [flags] NAME -- COMMAND") {
+			t.Errorf("dsync %q: got status %d, stdout %q; want 0 and the usage", help, r.code, r.stdout)
+		}
+	}
+}
+
+// TestCommandEnvironment: the command gets DSYNC_LOCK, DSYNC_FENCE (0 for
+// --read) and DSYNC_SESSION, keeps the rest of the environment, and
+// inherits stdin, stdout and stderr.
+func TestCommandEnvironment(t *testing.T) {
+	name := lockName(t)
+	show := `echo "$DSYNC_LOCK|$DSYNC_FENCE|$DSYNC_SESSION|$DSYNC_TEST_INHERITED"; cat; echo to-stderr >&2`
+	var lastFence int64
+	for _, kind := range []string{"", "--fair", "--write", "--read"} {
+		t.Run(strings.TrimPrefix(kind, "--")+"/", func(t *testing.T) {
+			flags := []string{"run", "--label", "env-test"}
+			if kind != "" {
+				flags = append(flags, kind)
+			}
+			cmd, out, errOut := dsyncCmd(args(flags, []string{name, "--", "sh", "-c", show})...)
+			cmd.Env = append(cmd.Env, "DSYNC_TEST_INHERITED=yes")
+			cmd.Stdin = strings.NewReader("from-stdin\n")
+			r := startCmd(t, cmd, out, errOut).wait(t)
+			if r.code != 0 {
+				t.Fatalf("exit status: got %d; want 0 (stderr %q)", r.code, r.stderr)
+			}
+			lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+			if len(lines) != 2 || lines[1] != "from-stdin" {
+				t.Fatalf("stdout: got %q; want the environment line and from-stdin", r.stdout)
+			}
+			if r.stderr != "to-stderr\n" {
+				t.Errorf("stderr: got %q; want %q", r.stderr, "to-stderr\n")
+			}
+			f := strings.Split(lines[0], "|")
+			fence, ferr := strconv.ParseInt(f[1], 10, 64)
+			session, serr := strconv.ParseInt(f[2], 10, 64)
+			switch {
+			case f[0] != name:
+				t.Errorf("DSYNC_LOCK: got %q; want %q", f[0], name)
+			case ferr != nil || kind == "--read" && fence != 0 || kind != "--read" && fence <= 0:
+				t.Errorf("DSYNC_FENCE: got %q; want %s", f[1], map[bool]string{true: "0", false: "> 0"}[kind == "--read"])
+			case serr != nil || session <= 0:
+				t.Errorf("DSYNC_SESSION: got %q; want a lease id", f[2])
+			case f[3] != "yes":
+				t.Errorf("inherited variable: got %q; want yes", f[3])
+			}
+			// The fences of the queued lock space increase across runs.
+			if kind == "--fair" || kind == "--write" {
+				if fence <= lastFence {
+					t.Errorf("DSYNC_FENCE: got %d; want > %d, the previous run's", fence, lastFence)
+				}
+				lastFence = fence
+			}
+		})
+	}
+}
+
+// TestMutualExclusion runs several dsync run at once on one lock, in
+// waves, for each exclusive kind: each command appends a start and an end
+// line around a pause, and no two commands' lines may interleave.
+func TestMutualExclusion(t *testing.T) {
+	const procs, waves = 4, 3
+	for _, kind := range [][]string{nil, {"--fair"}, {"--write"}} {
+		t.Run(fmt.Sprint(kind), func(t *testing.T) {
+			name := lockName(t)
+			log := filepath.Join(t.TempDir(), "log")
+			for w := range waves {
+				var ps []*proc
+				for i := range procs {
+					id := fmt.Sprintf("%d.%d", w, i)
+					ps = append(ps, startDsync(t, args([]string{"run"}, kind, []string{name, "--"},
+						script(`echo "ID start" >> LOG; sleep 0.05; echo "ID end" >> LOG`, "ID", id, "LOG", log))...))
+				}
+				for _, p := range ps {
+					if r := p.wait(t); r.code != 0 {
+						t.Fatalf("exit status: got %d; want 0 (stderr %q)", r.code, r.stderr)
+					}
+				}
+			}
+			b, err := os.ReadFile(log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if len(lines) != 2*procs*waves {
+				t.Fatalf("log: got %d lines; want %d:\n%s", len(lines), 2*procs*waves, b)
+			}
+			for i := 0; i < len(lines); i += 2 {
+				id, _, _ := strings.Cut(lines[i], " ")
+				if lines[i] != id+" start" || lines[i+1] != id+" end" {
+					t.Fatalf("log: commands interleaved at line %d:\n%s", i+1, b)
+				}
+			}
+		})
+	}
+}
+
+// TestExitStatusCannotRun: 127 when the command is not found, 126 when it
+// is found but cannot be run, as in sh; the lock is released.
+func TestExitStatusCannotRun(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := lockName(t)
+	for _, tt := range []struct {
+		command string
+		want    int
+	}{
+		{filepath.Join(dir, "missing"), exitNotFound},
+		{"dsync-no-such-command-anywhere", exitNotFound},
+		{notExec, exitCannotRun},
+	} {
+		r := runDsync(t, "run", name, "--", tt.command)
+		if r.code != tt.want {
+			t.Errorf("dsync run %s: exit status %d; want %d (stderr %q)", tt.command, r.code, tt.want, r.stderr)
+		}
+		if r := runDsync(t, "run", "-n", name, "--", "true"); r.code != 0 {
+			t.Errorf("dsync run -n afterwards: exit status %d; want 0, the lock released (stderr %q)", r.code, r.stderr)
+		}
+	}
+}

@@ -1,0 +1,55 @@
+package dsync
+
+// The SQL of the operator functions of admin.go (ListLocks, LockHolders,
+// ForceRelease), with the conventions of queries.go: "{lease}", "{lock}",
+// "{queue}" and "{ticket}" stand for the table names of a validated prefix,
+// and every value is a statement argument. They run on the caller's
+// *sql.DB, not on a session's connections: each is a single statement that
+// relies on no session setting (every time is UTC_TIMESTAMP(6), and
+// ForceRelease's result does not depend on clientFoundRows).
+
+const (
+	// qListMutexes lists the Mutex holds of live leases: name, holder's
+	// label, lease id, fence, microseconds since the holder's lease was
+	// created (an upper bound of the hold's age: the lock table records no
+	// acquisition time, see qCreateLock) and waiters.
+	//
+	// Mutex waiters are not queued in the database: they block on the
+	// holder's doorbell, or poll (see bell.go). The only waiter the lock row
+	// names is the one that has claimed the next hold (see qCreateLock), so
+	// waiters is 1 while a claim is current and 0 otherwise, however many
+	// wait. This column is the one place where that reading is made.
+	qListMutexes = `SELECT k.name, l.label, l.id, k.fence,
+  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)),
+  IF(k.waiter <> 0 AND k.claimed_until > UTC_TIMESTAMP(6), 1, 0)
+FROM {lock} k JOIN {lease} l ON l.id = k.holder
+WHERE l.expires_at > UTC_TIMESTAMP(6)`
+
+	// qListMutexesOf is qListMutexes for one name. Args: name.
+	qListMutexesOf = qListMutexes + ` AND k.name = ?`
+
+	// qListTickets lists the tickets of live leases, holders and waiters
+	// alike, in line order: name, ticket number, mode (1 exclusive, 0
+	// shared), lease id, holder's label, microseconds since the holder's
+	// lease was created, and the name's last fence (the fence of its
+	// exclusive holder, if it has one that has taken the lock). Which of
+	// them hold the lock follows from the order, as in qCreateTicket.
+	qListTickets = qListTicketsFrom + qListTicketsOrder
+
+	// qListTicketsOf is qListTickets for one name. Args: name.
+	qListTicketsOf = qListTicketsFrom + ` AND t.name = ?` + qListTicketsOrder
+
+	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, l.id, l.label,
+  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)), COALESCE(q.fence, 0)
+FROM {ticket} t JOIN {lease} l ON l.id = t.holder LEFT JOIN {queue} q ON q.name = t.name
+WHERE l.expires_at > UTC_TIMESTAMP(6)`
+	qListTicketsOrder = ` ORDER BY t.name, t.seq`
+
+	// qForceRelease frees a Mutex's lock row that a live lease holds,
+	// whichever it is, without telling its session. Args: name.
+	// RowsAffected 1: freed; 0: no live lease held it. (Every matched row
+	// is changed, so clientFoundRows does not change the answer.)
+	qForceRelease = `UPDATE {lock} SET holder = 0, token = 0
+WHERE name = ? AND holder <> 0
+  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))`
+)
