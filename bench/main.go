@@ -230,7 +230,7 @@ func run() error {
 	var names *namesResult
 	if p.wants("names") && ctx.Err() == nil {
 		logf("distinct names: %d, age %v", p.names, p.namesAge)
-		r, err := distinctNames(ctx, e, p.names, p.namesSessions, p.namesPer, p.namesAge, 5*time.Second)
+		r, err := distinctNames(ctx, e, p.names, p.namesSessions, p.namesPer, p.namesAge, 2*time.Second)
 		if err != nil {
 			fail("distinct names: %v", err)
 		} else {
