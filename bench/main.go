@@ -45,6 +45,7 @@ type params struct {
 	namesPer      int // goroutines per session
 	command       string
 	only          map[string]bool // scenarios to run; nil: all
+	systems       map[string]bool // systems to measure besides the floor; nil: all
 }
 
 func main() {
@@ -62,7 +63,7 @@ func logf(format string, args ...any) {
 
 func parseFlags() params {
 	var p params
-	var only string
+	var only, systems string
 	flag.IntVar(&p.runs, "runs", 3, "runs of each scenario (the distinct-names scenario runs once)")
 	flag.BoolVar(&p.quick, "quick", false, "short durations and few iterations, for development and a smoke test")
 	flag.StringVar(&p.out, "out", "docs", "directory to write BENCHMARKS.md and benchmarks.svg to")
@@ -70,15 +71,18 @@ func parseFlags() params {
 	flag.DurationVar(&p.namesAge, "age", 30*time.Second, "free-row age (dsync.WithFreeRowAge) of the distinct-names scenario (quick: 5s unless set)")
 	flag.StringVar(&p.command, "command", "", "the command line to print in the report (default: this program's)")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (uncontended,contention,handoff,idle,many,names); for development: the report then lacks the others")
+	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,fair,rw-writer,rw-reader,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	p.uncIters, p.conSessions, p.conDur, p.handSamples = 2000, 4, 5*time.Second, 200
-	p.idleWaiters, p.idleDur, p.manyLocks, p.manyHold = 8, 5*time.Second, 10_000, 10*time.Second
+	// The idle windows last a multiple of dsync's renewal period (2 s with
+	// the default TTL), so that each holds the same number of renewals.
+	p.idleWaiters, p.idleDur, p.manyLocks, p.manyHold = 8, 6*time.Second, 10_000, 10*time.Second
 	p.namesSessions, p.namesPer = 4, 2
 	if p.quick {
 		p.uncIters, p.conDur, p.handSamples = 200, time.Second, 30
-		p.idleDur, p.manyLocks, p.manyHold = 2*time.Second, 1000, 3*time.Second
+		p.idleDur, p.manyLocks, p.manyHold = 2*time.Second, 1000, 4*time.Second
 		if !set["names"] {
 			p.names = 20_000
 		}
@@ -89,15 +93,23 @@ func parseFlags() params {
 	if p.command == "" {
 		p.command = "go run . " + strings.Join(os.Args[1:], " ")
 	}
-	if only != "" {
-		p.only = map[string]bool{}
-		for _, s := range strings.Split(only, ",") {
-			p.only[strings.TrimSpace(s)] = true
-		}
-	}
+	p.only, p.systems = setOf(only), setOf(systems)
 	return p
 }
 
+// setOf returns the set of a comma-separated list, nil for an empty one.
+func setOf(list string) map[string]bool {
+	if list == "" {
+		return nil
+	}
+	m := map[string]bool{}
+	for _, s := range strings.Split(list, ",") {
+		m[strings.TrimSpace(s)] = true
+	}
+	return m
+}
+
+// wants reports whether -only selects scenario (or -only was not given).
 func (p params) wants(scenario string) bool { return p.only == nil || p.only[scenario] }
 
 func run() error {
@@ -127,7 +139,13 @@ func run() error {
 		defer c.Close()
 		e.redisMon = append(e.redisMon, c)
 	}
-	res := newResults(e.systems())
+	var systems []*system
+	for _, s := range e.systems() {
+		if p.systems == nil || p.systems[s.key] || s.key == "floor" {
+			systems = append(systems, s)
+		}
+	}
+	res := newResults(systems)
 	var failures []error
 	fail := func(format string, args ...any) {
 		if ctx.Err() != nil {

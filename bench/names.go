@@ -108,7 +108,7 @@ func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age
 	defer progress.Stop()
 	go func() {
 		for range progress.C {
-			logf("  names: %d of %d (%.0f/s), %d rows", done.Load(), n, float64(done.Load())/time.Since(start).Seconds(), peak.Load())
+			logf("  names: %d of %d (%.0f/s), peak %d rows so far", done.Load(), n, float64(done.Load())/time.Since(start).Seconds(), peak.Load())
 		}
 	}()
 	for _, s := range ss {
