@@ -25,15 +25,21 @@ import (
 // (qBellRing), which wakes every waiter blocked on it, and then publishes
 // the next generation. A woken waiter tries the lock row again.
 //
-// No wake-up is lost: a waiter reads the doorbell after saying that it
-// waits, so a release after its qLockWant rings the generation it read or a
-// later one, and a waiter that blocks on a generation already rung gets it
-// at once. The row stays the only source of truth: a doorbell that rings
-// for nothing, or never, costs a retry or a wait of at most bellWait, never
-// a wrong answer. Doorbells are per server, not replicated, so on a Galera
+// A release does not miss a waiter: a waiter reads the doorbell after
+// saying that it waits (the Mutex row's wanted_until, or the marker, which
+// it writes while it holds the ticket ahead locked), so a release that
+// comes after rings the generation it read or a later one, and a waiter
+// that blocks on a generation already rung gets it at once. Every path
+// that frees a row or ticket rings (Unlock, the reaper, undo, Close's
+// clean-up), and so does a claimant that gives up. What is left is
+// bounded: a marker of a ticket whose enqueue had an unknown outcome, or
+// one deleted by a purge that raced a number coming again, costs its
+// waiter at most bellWait. The row stays the only source of truth: a
+// doorbell that rings for nothing, or never, costs a retry or a wait,
+// never a wrong answer. Doorbells are per server, not replicated, so on a Galera
 // cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
 // when the *sql.DB limits its open connections (doorbells take connections
-// of their own: one per session that has held a Mutex, and one per name
+// of their own: one per session that has held or waited for a lock, and one per name
 // its process waits for, at most bellWaiters), when a holder has no
 // doorbell (bell 0), or when its doorbell reads as rung at once again and
 // again (its connection went away). A waiter blocks no longer than the
@@ -55,6 +61,7 @@ type doorbell struct {
 	ring chan struct{} // a value: ring soon (or take the doorbell)
 	done chan struct{} // closed when the goroutine returns
 
+	allowed bool        // set by NewSession: not Galera, no connection limit
 	armed   atomic.Bool // started, read without Session.mu
 	started bool        // guarded by Session.mu
 	off     bool        // guarded by Session.mu; the server refused GET_LOCK
@@ -73,7 +80,7 @@ type bellWaiter struct {
 // acquisition or when it first waits, off the caller's path. It does nothing on a Galera cluster,
 // after the session has ended, or when the server refused GET_LOCK.
 func (s *Session) armBell() {
-	if s.bell.armed.Load() || s.galera || s.db.Stats().MaxOpenConnections != 0 {
+	if s.bell.armed.Load() || !s.bell.allowed {
 		return
 	}
 	s.mu.Lock()
@@ -215,9 +222,16 @@ type bellRef struct{ id, gen int64 }
 
 // bellState is what one Lock call's waiting remembers between doorbells.
 type bellState struct {
-	last   bellRef // the doorbell woken from the time before
-	wanted bool    // qLockWant was sent: it may have claimed the next hold
+	last      bellRef   // the doorbell woken from the time before
+	wanted    bool      // qLockWant was sent: it may have claimed the next hold
+	pollUntil time.Time // poll without trying doorbells until then
+	selfHeld  bool      // the row was last seen held by this session itself
 }
+
+// pollFor is how long a waiter polls before it tries doorbells again, once
+// it found the session it waits for without one (it may be taking its
+// first one right then), or itself, or no connection to block on.
+const pollFor = 100 * time.Millisecond
 
 // awaitBell waits for the release of the Mutex row name by blocking on its
 // holder's doorbell (see the doorbell comment above). It reports false when
@@ -228,7 +242,7 @@ type bellState struct {
 // polls once.
 func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	s := m.s
-	if !s.bells() {
+	if !s.bells() || time.Now().Before(st.pollUntil) {
 		return false
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
@@ -241,25 +255,35 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	var ref bellRef
 	var left int64 // microseconds the holder's lease has left
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{m.name, s.id}, &ref.id, &ref.gen, &left)
+		return s.query(ctx, c, sLockBell, []any{m.name}, &ref.id, &ref.gen, &left)
 	})
+	var c *connpool.Conn
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return true // nobody live holds or claimed it: try now
 	case err != nil:
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return false
-	case ref.gen == 0 || ref == st.last:
+	case ref == st.last || left < int64(time.Second/time.Microsecond):
+		// Rung but not replaced yet, or gone; or the lease ends within a
+		// second (GET_LOCK takes whole seconds on MySQL): poll this once.
 		st.last = bellRef{}
 		return false
+	case ref.gen != 0 && ref.id != s.id:
+		c = s.waiters.get(ctx, s)
 	}
-	c := s.waiters.get(ctx, s)
+	st.selfHeld = ref.id == s.id
 	if c == nil {
+		// No doorbell to block on (the session has none, or it is this
+		// one, holding the row under a token it no longer knows, until the
+		// reaper frees it), or no connection: poll for a while, without
+		// the long claim of a doorbell waiter.
+		st.pollUntil = time.Now().Add(pollFor)
+		m.unclaim(ctx)
 		return false
 	}
 	st.last = ref
-	s.waitBell(ctx, c, ref, left, m.name)
-	return true
+	return s.waitBell(ctx, c, ref, left, m.name, kindMutex)
 }
 
 // withDedicated runs f under a ctx that also ends with the session, then
@@ -275,12 +299,12 @@ func (s *Session) withDedicated(ctx context.Context, c *connpool.Conn, f func(co
 	return err
 }
 
-// bells reports whether the session's Mutex waiters block on doorbells:
-// not on a Galera cluster, not when the server refused GET_LOCK, and not
-// when the *sql.DB limits its connections (doorbells take connections of
-// their own, which would come out of the caller's share).
+// bells reports whether the session's waiters block on doorbells: not on
+// a Galera cluster, not when the server refused GET_LOCK, and not when the
+// *sql.DB limited its connections as the session started (doorbells take
+// connections of their own, which would come out of the caller's share).
 func (s *Session) bells() bool {
-	if s.galera || s.db.Stats().MaxOpenConnections != 0 {
+	if !s.bell.allowed {
 		return false
 	}
 	s.mu.Lock()
@@ -349,9 +373,9 @@ func (w *bellWaiter) closeIdle() {
 // go, by blocking on its session's doorbell after leaving a marker behind
 // it (qTicketWant). It reports false when the caller should poll instead;
 // true when it waited, or found the line moved, and w's turn should be
-// checked again at once. last is as in awaitBell.
-func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, last *bellRef) bool {
-	if !s.bells() {
+// checked again at once. st is as in awaitBell.
+func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) bool {
+	if !s.bells() || time.Now().Before(st.pollUntil) {
 		return false
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
@@ -366,8 +390,11 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, l
 	case err != nil:
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return false
-	case ref.gen == 0 || ref == *last:
-		*last = bellRef{}
+	case ref == st.last || left < int64(time.Second/time.Microsecond):
+		st.last = bellRef{}
+		return false
+	case ref.gen == 0 || ref.id == s.id:
+		st.pollUntil = time.Now().Add(pollFor)
 		return false
 	}
 	res, err := s.exec(ctx, sTicketWant, name, seq)
@@ -380,24 +407,28 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, l
 	}
 	c := s.waiters.get(ctx, s)
 	if c == nil {
+		st.pollUntil = time.Now().Add(pollFor)
 		return false
 	}
-	*last = ref
-	s.waitBell(ctx, c, ref, left, name)
-	return true
+	st.last = ref
+	return s.waitBell(ctx, c, ref, left, name, kindQueue)
 }
 
 // waitBell blocks on c until doorbell ref rings, for at most bellWait or
-// until left microseconds (what the ringing session's lease has left)
-// have passed, or ctx or the session ends.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name string) {
+// what the ringing session's lease has left (left microseconds, at least a
+// second; in whole seconds, which is all MySQL's GET_LOCK takes), or until
+// ctx or the session ends. It reports whether the wait ran; after an error
+// the caller polls.
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string) bool {
 	bell := bellName(ref.id, ref.gen)
-	timeout := min(bellWait, time.Duration(left)*time.Microsecond+bellLate).Seconds()
+	timeout := int64(min(bellWait, time.Duration(left)*time.Microsecond+bellLate) / time.Second)
 	var rung sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &rung)
 	})
 	if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
+		return false
 	}
+	return true
 }

@@ -191,3 +191,164 @@ func TestMutexClaimantTakesNext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// wakeBound is how soon a waiter must get a lock freed by a path other
+// than a plain release for the test to count it as woken, not as a waiter
+// that gave up on a doorbell that never rang (bellWait, 8 s) and tried
+// again: far above a wake-up (milliseconds), far below bellWait.
+const wakeBound = 3 * time.Second
+
+// TestDoorbellRungByEveryRelease checks the paths that free a lock others
+// wait for other than a plain Unlock: each must ring, so the waiter gets
+// the lock at once rather than after its doorbell wait times out.
+func TestDoorbellRungByEveryRelease(t *testing.T) {
+	ctx := context.Background()
+	t.Run("Mutex Unlock with ctx ended (the reaper frees the row)", func(t *testing.T) {
+		name := lockName(t)
+		a := dsync.NewMutex(newSession(t), name)
+		b := dsync.NewMutex(newSession(t), name)
+		if err := a.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() { got <- b.Lock(ctx) }()
+		time.Sleep(500 * time.Millisecond) // b blocks on a's doorbell
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := a.Unlock(ended); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Unlock with an ended ctx: got %v; want context.Canceled", err)
+		}
+		freed := time.Now()
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(freed); took > wakeBound {
+			t.Errorf("waiter got the lock %v after the release; want within %v", took, wakeBound)
+		}
+		b.Unlock(ctx)
+	})
+	t.Run("FairMutex waiter ahead gives up", func(t *testing.T) {
+		name := lockName(t)
+		a := dsync.NewFairMutex(newSession(t), name)
+		b := dsync.NewFairMutex(newSession(t), name)
+		c := dsync.NewFairMutex(newSession(t), name)
+		if err := a.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		bctx, bcancel := context.WithCancel(ctx)
+		bgot := make(chan error, 1)
+		go func() { bgot <- b.Lock(bctx) }()
+		time.Sleep(300 * time.Millisecond)
+		cgot := make(chan error, 1)
+		go func() { cgot <- c.Lock(ctx) }()
+		time.Sleep(300 * time.Millisecond) // c blocks on b's doorbell
+		bcancel()
+		if err := <-bgot; !errors.Is(err, context.Canceled) {
+			t.Fatalf("b: got %v; want context.Canceled", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := a.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		freed := time.Now()
+		if err := <-cgot; err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(freed); took > wakeBound {
+			t.Errorf("c got the lock %v after a's Unlock; want within %v", took, wakeBound)
+		}
+		c.Unlock(ctx)
+	})
+}
+
+// TestTicketReleaseFindsMarkerBeingWritten plays the race between a
+// waiter leaving its marker behind a ticket (which locks the ticket, then
+// inserts the marker) and the ticket's release: the release waits for the
+// ticket's row lock, and must then delete the marker too (and ring).
+func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
+	ctx := context.Background()
+	name := lockName(t)
+	s := newSession(t)
+	m := dsync.NewFairMutex(s, name)
+	if err := m.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := dbtest.Open(t)
+	var ticket int64
+	if err := db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&ticket); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("SELECT seq FROM dsync_ticket WHERE name = ? AND seq = ? FOR UPDATE", name, ticket); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- m.Unlock(ctx) }()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var waiting int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE INFO LIKE 'DELETE FROM %dsync_ticket%WHERE name%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the release never waited for the ticket's row lock")
+		}
+	}
+	const markerBase = 1 << 62
+	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, 0, 0)", name, ticket+markerBase); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ?", name).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("rows of the name after the release: got %d; want 0 (the marker written during it deleted too)", left)
+	}
+}
+
+// TestLockOnRowHeldByItselfDoesNotSpin: a row held by the waiting session
+// itself under a token it no longer knows (an acquisition that landed after
+// it was given up, until the reaper frees it) has no doorbell to wait on;
+// Lock polls it instead of retrying without pause.
+func TestLockOnRowHeldByItselfDoesNotSpin(t *testing.T) {
+	s := newSession(t)
+	name := lockName(t)
+	ctx := context.Background()
+	warm := dsync.NewMutex(s, name+"/warm")
+	if err := warm.Lock(ctx); err != nil { // arms the session's doorbell
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	db := dbtest.Open(t)
+	if _, err := db.Exec("INSERT INTO dsync_lock (name, holder, token, fence) VALUES (?, ?, 999999, 1)", name, s.ID()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	q := questions(t)
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := dsync.NewMutex(s, name).Lock(lctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock on a row the session holds under an unknown token: got %v; want context.DeadlineExceeded", err)
+	}
+	n := questions(t) - q
+	t.Logf("statements in 1s: %d", n)
+	if n > 100 {
+		t.Errorf("statements while waiting 1s: got %d; want at most 100 (polling with back-off, not a busy loop)", n)
+	}
+}

@@ -16,10 +16,12 @@ import (
 // use, and any number of Mutex values may name the same lock: within one
 // Session they share one in-process state, and goroutines of the process
 // queue locally, so only one of them at a time waits on the database.
-// Waiters of different sessions are not served in order, but one that has
-// waited 100ms claims the next hold, so neither the holder's process
-// (releasing and re-acquiring at once) nor faster pollers can overtake it
-// for ever; use [FairMutex] for strict order.
+// Waiters of different sessions are not served in order, but a waiter of
+// another session claims the next hold (at once when it waits on the
+// holder's doorbell; after 100ms of polling where there are no doorbells,
+// 10ms on a Galera cluster), so neither the holder's process (releasing
+// and re-acquiring at once) nor faster pollers can overtake it for ever;
+// use [FairMutex] for strict order.
 //
 // Each acquisition gets a fencing token ([Mutex.Fence]) greater than that of
 // every earlier acquisition of the name. Hand it to the resources the lock
@@ -196,7 +198,10 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			}
 			continue
 		}
-		if err == nil && time.Since(started) >= m.s.starveAfter() {
+		if err == nil && !bells.selfHeld && time.Since(started) >= m.s.starveAfter() {
+			// (A row this session holds itself, under a token it no longer
+			// knows, is freed by the reaper: claiming it would only poll
+			// it faster.)
 			// Waited long: claim the next hold, so that neither the holder's
 			// process nor a faster poller takes it first, and poll often.
 			if claimed.IsZero() || time.Since(claimed) >= claimFor/3 {
@@ -236,11 +241,13 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 // the claimant's next poll, common under ordinary contention (at 20ms, 6
 // goroutines of 3 sessions made 44% fewer acquisitions); on a Galera
 // cluster, where the holder's node wins most races, galeraStarveAfter
-// evens out the nodes' shares (at 100ms the slowest of 3 nodes got 9-21%
-// of the acquisitions over 10s).
+// evens out the nodes' shares: over 10s of 3-node contention the slowest
+// node got 9-21% of the acquisitions at 100ms, 16-24% at 20ms (8 runs) and
+// 23-28% at 10ms (6 runs, with about a fifth fewer acquisitions than at
+// 20ms; TestGaleraMutexShares).
 const (
 	starveAfter       = 100 * time.Millisecond
-	galeraStarveAfter = 20 * time.Millisecond
+	galeraStarveAfter = 10 * time.Millisecond
 	claimFor          = 300 * time.Millisecond
 	claimPoll         = 2 * time.Millisecond
 
@@ -269,13 +276,19 @@ func (m *Mutex) claim(ctx context.Context) bool {
 
 // unclaim drops this session's claim when its Lock gives up without the
 // lock, also when ctx has ended (a doorbell waiter's claim is long), within
-// unclaimWithin. When that fails, the claim lapses after claimFor, or
-// bellWait for a doorbell waiter.
+// unclaimWithin, and rings the session's doorbell: waiters of other
+// sessions may be blocked on it, waiting for this session to take the lock
+// it had claimed. When that fails, the claim lapses after claimFor, or
+// bellWait+2s for a doorbell waiter.
 func (m *Mutex) unclaim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
-	if _, err := m.s.exec(ctx, sLockUnclaim, m.name, m.s.id); err != nil {
+	dropped, err := m.s.execChanged(ctx, sLockUnclaim, m.name, m.s.id)
+	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
+	}
+	if dropped {
+		m.s.ringBell()
 	}
 }
 

@@ -46,8 +46,8 @@ const (
 	// writing a timestamp, or an indexed column, on every acquisition
 	// measurably slows the uncontended path.)
 	//
-	// waiter is the lease id of a session that has waited for the lock for
-	// long (starveAfter) and claimed the next hold (0: none); until
+	// waiter is the lease id of a session that waits for the lock and has
+	// claimed the next hold (0: none; see qLockWant and qLockClaim); until
 	// claimed_until (server UTC) no other session takes the row when it
 	// falls free, so a waiter, on another node of a cluster or behind a
 	// process that releases and re-acquires at once, is not overtaken for
@@ -299,15 +299,16 @@ WHERE name = ?`
 
 	// qLockBell names the session a waiter of the lock waits on, and the
 	// generation of its doorbell: the live holder, else the live waiter
-	// whose claim is current (it takes the lock next), never the asking
-	// session, and how long that session's lease has left in microseconds
+	// whose claim is current (it takes the lock next; the asking session
+	// itself when it is that one or holds the row under a token it no
+	// longer knows: then it polls), and how long that session's lease has left in microseconds
 	// (a waiter blocks no longer: a holder that stopped renewing, paused or
-	// cut off, never rings). Args: name, lease id. No row: nobody live has
+	// cut off, never rings). Args: name. No row: nobody live has
 	// the lock or a claim on it; try to take it at once. bell 0: that
 	// session has no doorbell; poll.
 	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6), k.waiter, 0))
-WHERE k.name = ? AND l.id <> ? AND l.expires_at > UTC_TIMESTAMP(6)
+WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY l.id = k.holder DESC LIMIT 1`
 )
 
@@ -352,7 +353,7 @@ const (
 	// per-name row is missing (run qQueueCreate, then again).
 	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode)
 SELECT q.name, LAST_INSERT_ID(GREATEST(q.seq,
-         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name), 0)) + 1), ?, ?, ?
+         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1), ?, ?, ?
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
@@ -366,7 +367,7 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// changed: the per-name row is missing. qTicketAdd: args name, ticket,
 	// lease id, token, mode (the ticket is the LastInsertId of qTicketNumber).
 	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(GREATEST(seq,
-  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ?), 0)) + 1)
+  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
 WHERE name = ?`
 	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, ?)`
 
@@ -385,10 +386,14 @@ WHERE name = ?`
              fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ?`
 
-	// qTicketRelease removes the ticket of a hold that is over (Unlock,
-	// RUnlock) and the marker that a waiter behind it left (qTicketWant).
-	// Args: name, lease id, token, -ticket. RowsAffected 2: a waiter
-	// waits on this session's doorbell; ring it.
+	// qTicketRelease removes a ticket (a hold that is over, or a waiter
+	// leaving the line) and the marker that a waiter behind it left
+	// (qTicketWant). Args: name, lease id, token, ticket + markerBase.
+	// RowsAffected 2: a waiter waits on this session's doorbell; ring it.
+	// The marker's key is above every ticket's, so the DELETE, which scans
+	// the name's rows in key order, reaches it after the ticket: a
+	// qTicketWant that locked the ticket first has committed its marker by
+	// then.
 	qTicketRelease = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?) OR (seq = ? AND holder = 0))`
 
 	// qTicketAhead finds the nearest live ticket ahead of a waiting one
@@ -401,15 +406,16 @@ FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY t.seq DESC LIMIT 1`
 
-	// qTicketWant leaves a marker behind a ticket (seq -ticket, holder 0,
-	// never live, so every check skips it) that says a waiter waits for it:
+	// qTicketWant leaves a marker behind a ticket (seq ticket + markerBase,
+	// holder 0, never live, and above every ticket number, so every check
+	// and numbering skips it) that says a waiter waits for it:
 	// its release (qTicketRelease) deletes the marker too and rings. It
 	// locks the ticket it reads, so a release either comes after it and
 	// finds the marker, or came before and the ticket is gone. Args: name,
 	// ticket. LastInsertId 1: the ticket was there (marker left, or left
 	// already by another waiter); 0: it is gone, check again at once.
 	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
-SELECT t.name, -t.seq, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
+SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
@@ -428,7 +434,9 @@ SELECT t.name, -t.seq, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? 
 WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
 
 	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone
-	// (crashed sessions, purged by qLeasePurge). They are skipped anyway;
+	// (crashed sessions, purged by qLeasePurge), and markers (qTicketWant)
+	// whose ticket is gone (left by a waiter after the release, which could
+	// not delete them). They are skipped anyway;
 	// removing them only keeps the table small. A plain read at READ
 	// COMMITTED takes no locks, so it never waits for, or holds up, lock
 	// traffic; each ticket is then removed by its key (qTicketPurge). (One
@@ -436,7 +444,9 @@ WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.exp
 	// table, waiting behind every ticket being written and making lock
 	// traffic wait behind it.)
 	qTicketsOrphaned = `SELECT t.name, t.seq, t.holder FROM {ticket} t LEFT JOIN {lease} l ON l.id = t.holder
-WHERE l.id IS NULL LIMIT 1000`
+WHERE (t.holder <> 0 AND l.id IS NULL)
+   OR (t.holder = 0 AND NOT EXISTS (SELECT 1 FROM {ticket} x WHERE x.name = t.name AND x.seq = t.seq - ` + markerBaseSQL + `))
+LIMIT 1000`
 
 	// qTicketPurge removes one ticket of a lease that is gone. Args: name,
 	// ticket, lease id. The lease id matters: on a single server a number
@@ -576,6 +586,14 @@ const (
 	queueReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
   AND NOT ` + queueBusy + `)`
 	queueMarkable = `IF(` + queueBusy + `, idle_since IS NOT NULL, idle_since IS NULL OR idle_fence <> fence)`
+)
+
+// markerBase is added to a ticket's number to make the key of a waiter's
+// marker behind it (qTicketWant): above every ticket number (they start
+// at qFenceSeed, about 2^51 today, and grow by one per ticket).
+const (
+	markerBase    = 1 << 62
+	markerBaseSQL = "4611686018427387904"
 )
 
 // notAtHead is qTicketTake's answer for a ticket with live tickets ahead.

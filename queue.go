@@ -279,7 +279,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 	}
 	var b backoff.BackOff
 	var timer *time.Timer
-	var rang bellRef // the doorbell last waited on (see awaitTicketBell)
+	var bells bellState // see awaitTicketBell
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -307,7 +307,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if d == backoff.Stop {
 			return 0, false, ErrNotObtained
 		}
-		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &rang) {
+		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &bells) {
 			// Woken by the doorbell of the ticket ahead, or it timed out,
 			// or the line moved: check again at once.
 			if err := ctx.Err(); err != nil {
@@ -406,7 +406,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	}
 	// Removing the ticket may let the waiter behind this one go first. When
 	// ctx has ended the reaper removes it, so the caller returns at once.
-	s.undo(ctx, orphan{name: name, token: w.token, ticket: true})
+	s.undo(ctx, orphan{name: name, token: w.token, ticket: true, seq: w.ticket})
 	lq.kickFront()
 	return nil, 0, err
 }
@@ -416,13 +416,10 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 // if that fails (ctx ended, or the database did not answer) the reaper
 // goroutine removes it at once.
 func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token int64) error {
-	res, err := s.exec(ctx, sTicketRelease, name, s.id, token, -ticket)
-	if err != nil {
-		s.addOrphan(orphan{name: name, token: token, ticket: true})
+	o := orphan{name: name, token: token, ticket: true, seq: ticket}
+	if _, err := s.free(ctx, o); err != nil {
+		s.addOrphan(o)
 		return err
-	}
-	if n, _ := res.RowsAffected(); n > 1 {
-		s.ringBell()
 	}
 	return nil
 }

@@ -220,6 +220,7 @@ type orphan struct {
 	name   string // lock name
 	token  int64
 	ticket bool      // a queued lock's ticket rather than a lock row
+	seq    int64     // the ticket's number, when known (0: not known)
 	since  time.Time // when it was recorded
 }
 
@@ -393,7 +394,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		reaper:  make(chan struct{}),
 		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
-		bell:    doorbell{ring: make(chan struct{}, 1), done: make(chan struct{})},
+		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
+			allowed: !galera && db.Stats().MaxOpenConnections == 0},
 	}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -917,10 +919,10 @@ func (s *Session) knownHolds() []orphan {
 	for name, e := range s.queues.entries {
 		e.state.mu.Lock()
 		if e.state.held {
-			holds = append(holds, orphan{name: name, token: e.state.token, ticket: true})
+			holds = append(holds, orphan{name: name, token: e.state.token, ticket: true, seq: e.state.ticket})
 		}
 		for _, r := range e.state.reads {
-			holds = append(holds, orphan{name: name, token: r.token, ticket: true})
+			holds = append(holds, orphan{name: name, token: r.token, ticket: true, seq: r.ticket})
 		}
 		e.state.mu.Unlock()
 	}
@@ -1031,18 +1033,22 @@ func (s *Session) closing() bool {
 
 // free releases the lock row or removes the ticket o names, if this
 // session's acquisition o.token still has it, and reports whether it did.
+// Whatever frees a row or ticket that others may wait for rings the
+// session's doorbell when they do (see bell.go): a lock row whose
+// wanted_until is current, a ticket with a waiter's marker behind it.
 func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
-	if o.ticket {
+	if o.ticket && o.seq == 0 {
+		// An enqueue whose outcome is unknown: no number, so no marker
+		// can be found; a waiter behind it wakes within bellWait.
 		return s.execChanged(ctx, sTicketDelete, o.name, s.id, o.token)
 	}
-	return s.execChanged(ctx, sLockRelease, o.name, s.id, o.token)
-}
-
-// releaseRow frees the row for name if this acquisition (token) holds it,
-// and reports whether it did, and whether sessions wait for it (then it
-// rings the doorbell).
-func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
-	res, err := s.exec(ctx, sLockRelease, name, s.id, token)
+	var res sql.Result
+	var err error
+	if o.ticket {
+		res, err = s.exec(ctx, sTicketRelease, o.name, s.id, o.token, o.seq+markerBase)
+	} else {
+		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -1050,10 +1056,20 @@ func (s *Session) releaseRow(ctx context.Context, name string, token int64) (boo
 	if err != nil || n == 0 {
 		return false, err
 	}
-	if wanted, _ := res.LastInsertId(); wanted == 1 {
+	if o.ticket && n > 1 {
+		s.ringBell() // the ticket and a marker behind it
+	}
+	if wanted, _ := res.LastInsertId(); !o.ticket && wanted == 1 {
 		s.ringBell()
 	}
 	return true, nil
+}
+
+// releaseRow frees the row for name if this acquisition (token) holds it,
+// and reports whether it did (and rings the doorbell when sessions wait
+// for it).
+func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
+	return s.free(ctx, orphan{name: name, token: token})
 }
 
 // execChanged runs a prepared statement and reports whether it changed a
