@@ -28,11 +28,9 @@ bench: mariadb
 # dsync against its peers (bench/, a module of its own): starts a throwaway
 # MariaDB, two redis-servers and an embedded etcd on 127.0.0.1, runs every
 # scenario and writes docs/BENCHMARKS.md and docs/benchmarks.svg. Extra
-# flags in BENCH_FLAGS, e.g. make bench-peers BENCH_FLAGS='-quick'. The
-# distinct-names scenario uses dsync.WithFreeRowAge (build tag freerowage)
-# when this dsync has it.
+# flags in BENCH_FLAGS, e.g. make bench-peers BENCH_FLAGS='-quick'.
 bench-peers: mariadb redis-server
-	cd bench && $(GO) run $(if $(shell grep -l '^func WithFreeRowAge' *.go 2>/dev/null),-tags freerowage) . -out ../docs \
+	cd bench && $(GO) run . -out ../docs \
 		-command "make bench-peers$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
 
 # Debian's redis-server package, for bench-peers; no service is started.

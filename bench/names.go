@@ -23,7 +23,6 @@ type namesResult struct {
 	goroutines   int
 	elapsed      time.Duration // Lock+Unlock of all n names
 	rate         float64       // names per second
-	cleanup      bool          // built with dsync.WithFreeRowAge
 	age          time.Duration // the configured free-row age
 	peakRows     int64         // largest lock-table row count seen
 	peakBytes    int64         // data+index bytes of the lock table at its peak
@@ -46,8 +45,7 @@ func namesName(i int) string { return fmt.Sprintf("name-%07d", i) }
 // name's recorded one.
 func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age time.Duration, poll time.Duration) (namesResult, error) {
 	r := namesResult{n: n, sessions: sessions, goroutines: sessions * perSession, age: age, backAfter: -1}
-	opts, ok := freeRowAgeOptions(age)
-	r.cleanup = ok
+	opts := []dsync.Option{dsync.WithFreeRowAge(age)}
 	dsn := e.srv.mysqlDSN()
 	var ss []*dsyncSession
 	defer func() {
@@ -159,9 +157,6 @@ func distinctNames(ctx context.Context, e *env, n, sessions, perSession int, age
 	// Watch the clean-up: until the table is back to 1% of its peak, or for
 	// long enough past the target (2 x age) to say it was missed.
 	limit := max(4*age, 2*age+30*time.Second)
-	if !r.cleanup {
-		limit = min(limit, 5*time.Second) // nothing deletes rows: look once more
-	}
 	for {
 		c, err := observe()
 		if err != nil {

@@ -203,17 +203,13 @@ func (r *report) markdown() []byte {
 		w("| %s | %s | %s |\n", t.label, s.format(t.f, t.unit), t.judge(s))
 	}
 	if n := r.names; n != nil {
-		if n.cleanup {
-			verdict := "not met"
-			if n.backAfter >= 0 && n.backAfter <= 2*n.age {
-				verdict = "**met**"
-			}
-			w("| %s names: lock table back to ≤ 1 %% of its peak within 2× the free-row age (%v) | %s | %s |\n",
-				groupThousands(int64(n.n)), 2*n.age, backAfter(n), verdict)
-		} else {
-			w("| %s names: lock table back to ≤ 1 %% of its peak within 2× the free-row age | no clean-up in this build (see below) | not measured |\n", groupThousands(int64(n.n)))
+		verdict := "not met"
+		if n.backAfter >= 0 && n.backAfter <= 2*n.age {
+			verdict = "**met**"
 		}
-		verdict := "**met**"
+		w("| %s names: lock table back to ≤ 1 %% of its peak within 2× the free-row age (%v) | %s | %s |\n",
+			groupThousands(int64(n.n)), 2*n.age, backAfter(n), verdict)
+		verdict = "**met**"
 		if n.fenceRepeats > 0 {
 			verdict = "**FAIL**"
 		}
@@ -305,11 +301,7 @@ func (r *report) markdown() []byte {
 		w("## %s distinct names\n\n", groupThousands(int64(n.n)))
 		w("| figure | value |\n|---|---|\n")
 		w("| Lock+Unlock of every name (%d goroutines, %d sessions) | %.1f s, %s names/s |\n", n.goroutines, n.sessions, n.elapsed.Seconds(), num(n.rate))
-		if n.cleanup {
-			w("| free-row age (`dsync.WithFreeRowAge`) | %v |\n", n.age)
-		} else {
-			w("| free-row age | the dsync measured has no `dsync.WithFreeRowAge` (`make bench-peers` builds with tag `freerowage` when it has): nothing deletes rows |\n")
-		}
+		w("| free-row age (`dsync.WithFreeRowAge`) | %v |\n", n.age)
 		w("| lock table at its peak | %s rows |\n", groupThousands(n.peakRows))
 		w("| lock table size at its peak | %s |\n", bytesUnit(n.peakBytes))
 		w("| back to ≤ 1 %% of the peak | %s |\n", backAfter(n))
