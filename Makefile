@@ -6,7 +6,7 @@ GO ?= go
 # toolchain through the module proxy when it is not in the module cache).
 OLDEST_GO ?= go1.24.13
 
-.PHONY: demo test test-oldest-go bench mariadb check test-galera
+.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -24,6 +24,21 @@ test-oldest-go:
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .
+
+# dsync against its peers (bench/, a module of its own): starts a throwaway
+# MariaDB, two redis-servers and an embedded etcd on 127.0.0.1, runs every
+# scenario and writes docs/BENCHMARKS.md and docs/benchmarks.svg. Extra
+# flags in BENCH_FLAGS, e.g. make bench-peers BENCH_FLAGS='-quick'.
+bench-peers: mariadb redis-server
+	cd bench && $(GO) run . -out ../docs \
+		-command "make bench-peers$(if $(BENCH_FLAGS), BENCH_FLAGS='$(BENCH_FLAGS)')" $(BENCH_FLAGS)
+
+# Debian's redis-server package, for bench-peers; no service is started.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing redis-server from Debian's packages" >&2; \
+		$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 # The Galera tests (galera_test.go, build tag galera) against a throwaway
 # 3-node cluster on 127.0.0.1 (scripts/galera.sh), in a directory of this
