@@ -67,9 +67,10 @@ type LockInfo struct {
 	// (KindWrite, KindRead) it is the number of live tickets of the name that
 	// do not hold it: each waiting session's ticket (goroutines of one
 	// process wait behind one ticket), whatever side they wait for. Mutex
-	// waiters are not queued in the database, they poll: for KindMutex it is
-	// 1 while one of them has claimed the next hold (a waiter does after
-	// 100ms, see Mutex) and 0 otherwise, so it counts at most that one.
+	// waiters are not queued in the database (they block on the holder's
+	// doorbell, or poll): for KindMutex it is 1 while one of them has
+	// claimed the next hold (see Mutex) and 0 otherwise, so it counts at
+	// most that one.
 	Waiters int
 }
 

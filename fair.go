@@ -22,7 +22,7 @@ import "context"
 // the lock; the others wait in ticket order, and no fixed capacity limits
 // the line. Within one process, goroutines take their tickets one at a
 // time, in the order they called Lock, so no later goroutine overtakes an
-// earlier one; and only the first of them polls the database, as with
+// earlier one; and only the first of them waits on the database, as with
 // Mutex.
 //
 // A waiter whose ctx ends leaves the line at once: its ticket is deleted
@@ -31,11 +31,14 @@ import "context"
 // only while its lease is live, so the line moves on at most one TTL after
 // the crash: one dead process never stalls the queue.
 //
-// Handoff: the first waiter of each process polls the database, every 2ms
-// for each conflicting ticket ahead of it (so every 2ms when next in line),
-// or sooner when the session's back-off (see [WithBackOff]) says so. While
-// a goroutine of its own process holds the lock it does not poll: that
-// holder's Unlock wakes it at once. The price of
+// Handoff: the first waiter of each process blocks on the doorbell of the
+// nearest conflicting ticket ahead of it, whose release wakes it (see the
+// package's Waiting section). Where there are no doorbells (a Galera
+// cluster, a *sql.DB with a connection limit) it polls the database, every
+// 2ms for each conflicting ticket ahead of it (so every 2ms when next in
+// line), or sooner when the session's back-off (see [WithBackOff]) says
+// so. While a goroutine of its own process holds the lock it does not
+// wait on the database: that holder's Unlock wakes it at once. The price of
 // fairness is throughput: a lock handed over in strict order cannot be
 // grabbed by whoever happens to ask at the right moment, and a Lock or
 // Unlock costs a few more statements than a Mutex's (enqueue, check,

@@ -138,8 +138,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	return true, nil // the reference from ref now belongs to the hold
 }
 
-// acquire takes the lock row, polling with back-off while others hold it
-// when wait is set. It returns the fence and token of the acquisition, or a
+// acquire takes the lock row, waiting on the holder's doorbell (see
+// bell.go), or polling with back-off where there is none, while others
+// hold it when wait is set. It returns the fence and token of the acquisition, or a
 // zero fence when wait is false and the row is held.
 func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err error) {
 	m.s.acquiring.Add(1)
