@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -9,6 +10,26 @@ import (
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
 )
+
+// awaitStatement waits until a statement whose text is LIKE pattern is
+// running on the server, as seen in the process list (InnoDB's INNODB_TRX
+// does not always show its query or LOCK WAIT state), and fails the test
+// with failure when none is within limit.
+func awaitStatement(t *testing.T, db *sql.DB, pattern string, limit time.Duration, failure string) {
+	t.Helper()
+	for end := time.Now().Add(limit); ; time.Sleep(time.Millisecond) {
+		var running int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE ?", pattern).Scan(&running); err != nil {
+			t.Fatal(err)
+		}
+		if running > 0 {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatal(failure)
+		}
+	}
+}
 
 // questions returns the server's count of statements received so far.
 func questions(t *testing.T) int64 {
@@ -288,19 +309,7 @@ func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
 	}
 	unlocked := make(chan error, 1)
 	go func() { unlocked <- m.Unlock(ctx) }()
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		var waiting int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE INFO LIKE 'DELETE FROM %dsync_ticket%WHERE name%'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("the release never waited for the ticket's row lock")
-		}
-	}
+	awaitStatement(t, db, "DELETE FROM %dsync_ticket%WHERE name%", 5*time.Second, "the release never waited for the ticket's row lock")
 	const markerBase = 1 << 62
 	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, 0, 0)", name, ticket+markerBase); err != nil {
 		t.Fatal(err)

@@ -294,22 +294,9 @@ func TestConcurrentReadersNeverSeeDeadlocks(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- reader.RUnlock(bg) }()
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		var waiting int
-		// The delete, seen in the process list (InnoDB's INNODB_TRX does not
-		// always show its query or LOCK WAIT state); the deadlock count
-		// checked below proves the delete really waited.
-		if err := admin.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE INFO LIKE 'DELETE FROM %dsync_ticket%WHERE name%'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("RUnlock's delete never waited for the ticket's row")
-		}
-	}
+	// The delete, seen in the process list; the deadlock count checked
+	// below proves the delete really waited.
+	awaitStatement(t, admin, "DELETE FROM %dsync_ticket%WHERE name%", 5*time.Second, "RUnlock's delete never waited for the ticket's row")
 	if _, err := tx.Exec("SELECT seq FROM dsync_ticket WHERE name = ? AND seq = ? FOR UPDATE", reader.Name(), ticket); err != nil {
 		t.Fatalf("the other transaction's locking read: got %v; want <nil> (the delete the deadlock's victim)", err)
 	}

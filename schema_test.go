@@ -182,19 +182,7 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 		}
 	}()
 	// Wait until the enqueue is blocked on the row, then commit.
-	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		var waiting int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE INFO LIKE 'INSERT INTO %dsync_ticket%FOR UPDATE'`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("the enqueue never waited for the name's row")
-		}
-	}
+	awaitStatement(t, db, "INSERT INTO %dsync_ticket%FOR UPDATE", 10*time.Second, "the enqueue never waited for the name's row")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
