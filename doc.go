@@ -37,11 +37,13 @@
 //
 // # Tables
 //
-// NewSession creates, when they are missing, five tables (names with the
+// NewSession creates, when they are missing, six tables (names with the
 // prefix of [WithTablePrefix], default "dsync_"): schema, the version of the
 // tables and the state of their clean-up; lease, one row per live session;
 // lock, one row per Mutex name in use; queue, one row per FairMutex or
-// RWMutex name in use; ticket, one row per waiter or holder of those. Rows
+// RWMutex name in use; ticket, one row per waiter or holder of those;
+// txlock, one row per Mutex name that a transaction holds or waits for
+// ([Mutex.LockTx]), deleted when the hold is over. Rows
 // of lock and queue that have been free for an hour ([WithFreeRowAge]) are
 // deleted in the background, and a row created anew starts its fences
 // above every fence its name had, so fences never go back. See queries.go
@@ -73,7 +75,7 @@
 //
 //	lock         string         the lock name
 //	kind         string         the lock space: "mutex" (Mutex) or "queue" (FairMutex, RWMutex)
-//	op           string         the call: "lock" (Lock of any kind) or "rlock" (RLock)
+//	op           string         the call: "lock" (Lock of any kind), "rlock" (RLock) or "locktx" (LockTx)
 //	err          error          what failed
 //	waited       time.Duration  from the call to its return
 //	acquired     bool           the call returned holding the lock
@@ -95,6 +97,8 @@
 //	INFO  "dsync: the server refuses GET_LOCK; waiters poll"  err
 //	DEBUG "dsync: doorbell failed", "dsync: doorbell ring failed"  err
 //	DEBUG "dsync: wait for doorbell failed"          lock kind err
+//	INFO  "dsync: the server refuses SET STATEMENT; TryLock reads the lock row first"  err
+//	DEBUG "dsync: waiting for a transaction's hold to end failed; retrying"  lock kind err
 //
 // A Lock or RLock that waited (see [Stats]) at least the session's TTL is
 // logged when it returns, with the lock or without it (err). A renewal

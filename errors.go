@@ -58,6 +58,12 @@ var (
 	// so processes of both must not share what the locks protect.
 	ErrSchemaVersion = errors.New("dsync: tables of another schema version")
 
+	// ErrDeadlock is returned by [Mutex.LockTx] and [Mutex.TryLockTx] when
+	// waiting could never end: the database found the caller's transaction
+	// in a deadlock with another one (error 1213: it rolled the
+	// transaction back), or the owner in ctx holds the lock through Lock.
+	ErrDeadlock = errors.New("dsync: deadlock")
+
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
 	// became free.

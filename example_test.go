@@ -326,3 +326,49 @@ func ExampleRWMutex() {
 	// upgrade refused: true
 	// writing with a fence: true
 }
+
+// A lock taken for a transaction is released by its COMMIT or ROLLBACK, so
+// the writes and the release commit together.
+func ExampleMutex_LockTx() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS example_stock
+		(sku VARCHAR(32) PRIMARY KEY, units INT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `REPLACE INTO example_stock VALUES ('sku-1', 5)`); err != nil {
+		log.Fatal(err)
+	}
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback() // after an error; a no-op after Commit
+	if err := dsync.NewMutex(session, "stock/sku-1").LockTx(ctx, tx); err != nil {
+		log.Fatal(err) // roll tx back (the deferred Rollback does)
+	}
+	// Read after LockTx: at REPEATABLE READ the transaction's snapshot is
+	// taken at its first read, which then sees the previous holder's commit.
+	var units int
+	if err := tx.QueryRowContext(ctx, `SELECT units FROM example_stock WHERE sku = 'sku-1'`).Scan(&units); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE example_stock SET units = ? WHERE sku = 'sku-1'`, units-1); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil { // releases the lock
+		log.Fatal(err)
+	}
+	fmt.Println("units left:", units-1)
+	// Output: units left: 4
+}

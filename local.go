@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 )
 
@@ -101,10 +102,11 @@ func (l *localLock) leave() { <-l.sem }
 // reentrancy count. Its user guards it with its own mutex.
 type hold struct {
 	held  bool
-	owner uint64 // owner token of the hold, 0 for none
-	count int    // reentrant holds of owner (1 without owner)
-	fence int64  // fencing token of the hold
-	token int64  // acquisition token of the hold
+	owner uint64  // owner token of the hold, 0 for none
+	count int     // reentrant holds of owner (1 without owner)
+	fence int64   // fencing token of the hold
+	token int64   // acquisition token of the hold
+	tx    *sql.Tx // the transaction holding it (Mutex.LockTx), nil for a Lock
 }
 
 // reenter counts one more hold when owner (non-zero) already holds it.

@@ -33,7 +33,8 @@ import (
 // owner it is reentrant for that owner and only that owner may unlock it.
 //
 // The lock lives as long as its session's lease: when [Session.Done] closes
-// the lock may already belong to someone else.
+// the lock may already belong to someone else. A lock taken for a caller's
+// transaction ([Mutex.LockTx]) lives as long as the transaction instead.
 type Mutex struct {
 	s    *Session
 	name string
@@ -157,6 +158,9 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			m.unclaim(ctx)
 		}
 	}()
+	if !wait {
+		return m.tryAcquire(ctx)
+	}
 	for attempt := 0; ; attempt++ {
 		token = m.s.nextToken()
 		// The first attempt tries the cheap statement for a free row; when it
@@ -229,6 +233,34 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			return 0, 0, m.s.Err()
 		}
 	}
+}
+
+// tryAcquire is acquire's one attempt for TryLock, with the statements of
+// Lock's first attempt in their variants that do not wait for a row lock:
+// a transaction holding the lock (LockTx) keeps its row locked until it
+// ends. Where the server has no such variant (MySQL), it reads the row
+// first, and then waits at most for the lock wait timeout (qSetSession)
+// when a transaction whose session has ended holds the row.
+func (m *Mutex) tryAcquire(ctx context.Context) (fence, token int64, err error) {
+	token = m.s.nextToken()
+	if fast := m.s.noWait(sLockAcquireFast, sLockAcquireFastNoWait); fast == sLockAcquireFastNoWait {
+		fence, err = m.s.tryRow(ctx, m.name, token, fast)
+		if err == nil && fence == 0 {
+			fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquireNoWait)
+		}
+		if !m.s.noWaitRefused(err) {
+			return fence, token, err
+		}
+	}
+	taken, err := m.s.lockTaken(ctx, m.name)
+	if err != nil || taken {
+		return 0, 0, err
+	}
+	fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquireFast)
+	if err == nil && fence == 0 {
+		fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquire)
+	}
+	return fence, token, err
 }
 
 // Starving waiters that poll (no doorbell, see bell.go; a waiter on a
@@ -316,6 +348,10 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 		return m.notHeld()
 	}
 	l.mu.Lock()
+	if l.held && l.tx != nil {
+		l.mu.Unlock()
+		return fmt.Errorf("dsync: unlock %q: held by a transaction (LockTx) until it commits or rolls back: %w", m.name, ErrNotOwner)
+	}
 	token, err := l.drop(ownerOf(ctx))
 	l.mu.Unlock()
 	switch {

@@ -375,7 +375,7 @@ func TestRandomNamesAndOptions(t *testing.T) {
 	if holder != other.ID() {
 		t.Fatalf("sentinel row holder: got %d; want %d", holder, other.ID())
 	}
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
 		var n int64
 		if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + table + "`").Scan(&n); err != nil {
 			t.Fatalf("table %s%s: got %v; want it intact", prefix, table, err)

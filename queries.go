@@ -130,6 +130,21 @@ const (
 	qSchemaVersion = `SELECT version FROM {schema} WHERE id = 1`
 )
 
+// qCreateTxLock creates the table of transaction locks (Mutex.LockTx, see
+// locktx.go): one row per name that a caller's transaction holds or waits
+// for, locked (never changed in a way anyone reads) by the transaction
+// until it ends. Only LockTx and the session that made the hold touch it,
+// so a transaction waiting for a row here waits for another transaction,
+// where the database sees a deadlock. A row is deleted once the hold that
+// last used it is over; rows outlive their use only when the session
+// ended during the hold. It is an addition to schema version 3: NewSession
+// creates it when it is missing, and dsync versions without LockTx ignore
+// it.
+const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
+  name    VARBINARY(255) NOT NULL PRIMARY KEY,
+  used_at DATETIME(6)    NOT NULL
+) ENGINE=InnoDB`
+
 // schemaVersion is the version of the tables this code reads and writes.
 // Version 1 (no version record) numbered tickets with AUTO_INCREMENT;
 // version 2 had no doorbells (lease.bell, lock.wanted_until) and no sweep
@@ -160,22 +175,27 @@ const qFenceSeed = `GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', U
 // statement is its own transaction), the UTC time zone (belt and braces:
 // every statement uses UTC_TIMESTAMP anyway), an sql_mode without MariaDB's
 // SIMULTANEOUS_ASSIGNMENT (the statements below rely on assignments running
-// left to right) and READ COMMITTED (no gap locks, and subqueries of
-// writes read without locking, so they never block a lease renewal). Such a
+// left to right), READ COMMITTED (no gap locks, and subqueries of
+// writes read without locking, so they never block a lease renewal), and
+// a lock wait timeout of 5s instead of the server's (50s by default): a
+// row lock that dsync's own statements wait for is held for a statement,
+// except by a caller's transaction (Mutex.LockTx), and a wait for such a
+// transaction ends, and is tried again, within that time, also on the
+// server when the client has gone (a closed connection, a TryLock). Such a
 // connection is never handed back to the caller's pool (see connpool).
 const (
 	qSetSession = `SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION',
-  SESSION time_zone = '+00:00', SESSION autocommit = 1`
+  SESSION time_zone = '+00:00', SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = 5`
 	qReadCommitted = `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`
 )
 
-// qTablesPresent lists which of the five tables exist, so that NewSession
+// qTablesPresent lists which of the six tables exist, so that NewSession
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is
 // replicated cluster-wide as a total-order operation that writes racing it
-// fail certification against). Args: the five table names.
+// fail certification against). Args: the six table names.
 const qTablesPresent = `SELECT TABLE_NAME FROM information_schema.TABLES
-WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?)`
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?, ?)`
 
 // qWsrepOn tells whether the server is a Galera cluster node with
 // replication on: one row whose Value is ON. MySQL has no such variable and
@@ -311,6 +331,56 @@ WHERE name = ?`
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
 WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY l.id = k.holder DESC LIMIT 1`
+)
+
+// Transaction lock statements (Mutex.LockTx, see locktx.go). The first
+// three run in the caller's transaction, at whatever isolation level and
+// sql_mode it has; they read no other row (no subquery, so no shared locks
+// on lease rows that a renewal would wait for), name their tables with the
+// session's database (see txQueries), and lock by primary key only, which
+// takes a record lock without a gap lock at READ COMMITTED and REPEATABLE
+// READ alike.
+const (
+	// qTxLock locks the name's transaction-lock row for the transaction,
+	// inserting it when missing: it waits while another transaction holds
+	// it (innodb_lock_wait_timeout of the caller's connection; the database
+	// reports a deadlock between such waits as 1213). Args: name.
+	qTxLock = `INSERT INTO {txlock} (name, used_at) VALUES (?, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
+
+	// qTxLockNoWait is qTxLock without waiting (MariaDB's per-statement
+	// lock wait timeout; 1205 at once when another transaction holds the
+	// row). Servers without SET STATEMENT (MySQL) answer 1064: TryLockTx
+	// then reads the lock row first and runs qTxLock.
+	qTxLockNoWait = `SET STATEMENT innodb_lock_wait_timeout = 0 FOR ` + qTxLock
+
+	// qTxHold hands a lock row that the session holds (taken with
+	// qLockAcquire as for Lock) to the transaction: it frees the row in the
+	// transaction, so the row is free when the transaction commits, and
+	// the transaction holds the row locked until it ends. Every other
+	// acquirer writes the row and so waits for that end; a reader of the
+	// committed row sees it held by the session. Args: name, lease id,
+	// token. RowsAffected 1: handed over; 0: the session no longer holds
+	// it.
+	qTxHold = `UPDATE {lock} SET holder = 0, token = 0 WHERE name = ? AND holder = ? AND token = ?`
+
+	// qTxRollbackOnTimeout reads, in the caller's transaction after a lock
+	// wait timeout, whether that timeout rolled back the whole transaction
+	// (then LockTx must not run another statement in it: it would run
+	// outside any transaction).
+	qTxRollbackOnTimeout = `SELECT @@innodb_rollback_on_timeout`
+
+	// qTxSession reads, once per session on one of its own connections,
+	// the database its tables are in (see txQueries) and whether a lock
+	// wait timeout rolls back the whole transaction on this server.
+	qTxSession = `SELECT DATABASE(), @@innodb_rollback_on_timeout`
+
+	// qTxLockDelete deletes the name's transaction-lock row once the hold
+	// that used it is over; when another transaction holds it by then, it
+	// times out (qTxLockWait) and that hold's own end deletes it (see
+	// qSetSession's lock wait timeout). Args:
+	// name.
+	qTxLockDelete = `DELETE FROM {txlock} WHERE name = ?`
 )
 
 // Doorbell statements (see bell.go). GET_LOCK names are per server (not per
@@ -605,6 +675,16 @@ const (
 	notAtHeadSQL = "4611686018427387904"
 )
 
+// noWaitSQL makes a statement that does not wait for row locks: a lock
+// wait timeout (1205) at once when a row it must lock is locked. The lock
+// rows that a caller's transaction holds (Mutex.LockTx) stay locked until
+// it ends, so TryLock (which must not wait) and the sweep (whose batch
+// statements must not hold other names' rows while they wait) use these
+// variants of their lock table statements. It is MariaDB's syntax; where
+// the server refuses it (1064, MySQL), the session uses the plain
+// statements (see Session.noWait).
+const noWaitSQL = `SET STATEMENT innodb_lock_wait_timeout = 0 FOR `
+
 // stmtIndex names the statements prepared on every session connection.
 type stmtIndex int
 
@@ -648,13 +728,18 @@ const (
 	sQueueSweepRead
 	sQueueSweepDelete
 	sQueueSweepMark
+	sTxLockDelete
+	sLockAcquireFastNoWait
+	sLockAcquireNoWait
+	sLockSweepDeleteNoWait
+	sLockSweepMarkNoWait
 	numStmts
 )
 
 // queries holds the statements of one table prefix.
 type queries struct {
-	tables   [5]string        // schema, lease, lock, queue and ticket table names, unquoted
-	creates  [5]string        // their CREATE TABLE statements, in the same order
+	tables   [6]string        // schema, lease, lock, queue, ticket and txlock table names, unquoted
+	creates  [6]string        // their CREATE TABLE statements, in the same order
 	record   string           // qSchemaRecord
 	version  string           // qSchemaVersion
 	prepared [numStmts]string // indexed by stmtIndex
@@ -662,11 +747,13 @@ type queries struct {
 
 func newQueries(prefix string) *queries {
 	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
-		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`", "{schema}", "`"+prefix+"schema`")
+		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`", "{schema}", "`"+prefix+"schema`",
+		"{txlock}", "`"+prefix+"txlock`")
 	q := &queries{
-		tables: [5]string{prefix + "schema", prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket"},
-		creates: [5]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
-			r.Replace(qCreateQueue), r.Replace(qCreateTicket)},
+		tables: [6]string{prefix + "schema", prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket",
+			prefix + "txlock"},
+		creates: [6]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
+			r.Replace(qCreateQueue), r.Replace(qCreateTicket), r.Replace(qCreateTxLock)},
 		record:  r.Replace(qSchemaRecord),
 		version: r.Replace(qSchemaVersion),
 	}
@@ -709,5 +796,25 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueSweepRead] = r.Replace(qQueueSweepRead)
 	q.prepared[sQueueSweepDelete] = r.Replace(qQueueSweepDelete)
 	q.prepared[sQueueSweepMark] = r.Replace(qQueueSweepMark)
+	q.prepared[sTxLockDelete] = r.Replace(qTxLockDelete)
+	q.prepared[sLockAcquireFastNoWait] = noWaitSQL + r.Replace(qLockAcquireFast)
+	q.prepared[sLockAcquireNoWait] = noWaitSQL + r.Replace(qLockAcquire)
+	q.prepared[sLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qLockSweepDelete)
+	q.prepared[sLockSweepMarkNoWait] = noWaitSQL + r.Replace(qLockSweepMark)
 	return q
+}
+
+// txQueries are the statements LockTx runs in the caller's transaction,
+// with the session's table names qualified by its database (the schema
+// its connections use), so that they mean the same whatever database the
+// transaction's connection has selected.
+type txQueries struct {
+	lock, lockNoWait, hold string
+	rollbackOnTimeout      bool // as read when they were made (see qTxSession)
+}
+
+func newTxQueries(database, prefix string) *txQueries {
+	db := "`" + strings.ReplaceAll(database, "`", "``") + "`."
+	r := strings.NewReplacer("{lock}", db+"`"+prefix+"lock`", "{txlock}", db+"`"+prefix+"txlock`")
+	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(qTxHold)}
 }

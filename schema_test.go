@@ -126,7 +126,7 @@ func TestSchemaVersion2Refused(t *testing.T) {
 	if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + "lock`").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the version 2 lock table after the refused NewSession: got %d rows, %v; want its 1 row", n, err)
 	}
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
 		if _, err := db.Exec("DROP TABLE `" + prefix + table + "`"); err != nil {
 			t.Fatal(err)
 		}

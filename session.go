@@ -208,6 +208,13 @@ type Session struct {
 	freeing int                  // guarded by mu; orphans taken out of orphans by freeOrphans, being freed
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
+
+	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
+
+	txq      atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see locktx.go)
+	txHolds  sync.WaitGroup            // goroutines waiting for a LockTx hold's transaction to end
+	txClosed bool                      // guarded by mu; no new such goroutine starts
+	txConns  []*connpool.Conn          // guarded by mu; idle connections of those goroutines
 }
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -508,7 +515,7 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 // tablesPresent reads which of the session's tables exist.
 func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[string]bool, error) {
 	t := s.q.tables
-	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4])
+	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4], t[5])
 	if err != nil {
 		return nil, err
 	}
@@ -878,6 +885,7 @@ func (s *Session) Close() error {
 	s.stop()
 	<-s.renewer
 	<-s.reaper
+	s.stopTxHolds()
 	s.stopBell()
 	<-s.sweeper
 	defer s.release.Do(func() { releasePool(s.db, s.q) })
@@ -911,7 +919,7 @@ func (s *Session) knownHolds() []orphan {
 	holds := append([]orphan(nil), s.orphans...)
 	for name, e := range s.locks.entries {
 		e.state.mu.Lock()
-		if e.state.held {
+		if e.state.held && e.state.tx == nil { // a LockTx hold ends with its transaction
 			holds = append(holds, orphan{name: name, token: e.state.token})
 		}
 		e.state.mu.Unlock()
@@ -1002,6 +1010,56 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 		return 0, err
 	}
 	return res.LastInsertId()
+}
+
+// tryRow is acquireRow for TryLock: stmt is sLockAcquireFast or
+// sLockAcquire, or their variants that do not wait for a row lock
+// (sLockAcquireFastNoWait, sLockAcquireNoWait), run once; a lock wait
+// timeout (1205) is the row being written by another statement or held by
+// a transaction (Mutex.LockTx): taken, 0.
+func (s *Session) tryRow(ctx context.Context, name string, token int64, stmt stmtIndex) (int64, error) {
+	args := []any{name, s.id, token, s.id, -s.id, token, s.id}
+	if stmt == sLockAcquireFast || stmt == sLockAcquireFastNoWait {
+		args = []any{s.id, token, name, s.id}
+	}
+	var res sql.Result
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		var err error
+		res, err = s.execOn(ctx, c, stmt, args...)
+		return err
+	})
+	switch {
+	case isErrNo(err, 1205):
+		return 0, nil
+	case err != nil:
+		if !connpool.Reusable(err) || ctx.Err() != nil {
+			s.undo(ctx, orphan{name: name, token: token})
+		}
+		return 0, err
+	}
+	return res.LastInsertId()
+}
+
+// noWait returns the variant of stmt that does not wait for row locks
+// (SET STATEMENT innodb_lock_wait_timeout = 0, MariaDB's), or stmt itself
+// on a server that refused that syntax (MySQL; see noWaitRefused).
+func (s *Session) noWait(stmt, variant stmtIndex) stmtIndex {
+	if s.noWaitOff.Load() {
+		return stmt
+	}
+	return variant
+}
+
+// noWaitRefused reports whether err is the server refusing the syntax of
+// the no-wait variants (1064), and then stops using them.
+func (s *Session) noWaitRefused(err error) bool {
+	if !isErrNo(err, 1064) {
+		return false
+	}
+	if !s.noWaitOff.Swap(true) {
+		s.logger.Info("dsync: the server refuses SET STATEMENT; TryLock reads the lock row first", "err", err)
+	}
+	return true
 }
 
 // undo frees a lock row or ticket that an acquisition or enqueue whose

@@ -196,17 +196,35 @@ func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, fr
 		case err != nil:
 			return b, err
 		default:
-			if b.deleted, err = s.execCount(ctx, t.delete, after, b.last, age, floor); err != nil {
+			if b.deleted, err = s.execCount(ctx, s.sweepStmt(t.delete), after, b.last, age, floor); err != nil {
+				s.noWaitRefused(err)
 				return b, err
 			}
 		}
 	}
 	if marks > 0 {
-		if b.marked, err = s.execCount(ctx, t.marks, after, b.last); err != nil {
+		if b.marked, err = s.execCount(ctx, s.sweepStmt(t.marks), after, b.last); err != nil {
+			s.noWaitRefused(err)
 			return b, err
 		}
 	}
 	return b, nil
+}
+
+// sweepStmt returns the statement to run for stmt: for the lock table, its
+// variant that does not wait for row locks (see noWaitSQL), so that a
+// batch statement does not wait for a transaction's hold (Mutex.LockTx)
+// while it holds the rows it has changed already. Such a batch fails
+// with a lock wait timeout (1205) after exec's retries, and is skipped
+// until the next pass.
+func (s *Session) sweepStmt(stmt stmtIndex) stmtIndex {
+	switch stmt {
+	case sLockSweepDelete:
+		return s.noWait(stmt, sLockSweepDeleteNoWait)
+	case sLockSweepMark:
+		return s.noWait(stmt, sLockSweepMarkNoWait)
+	}
+	return stmt
 }
 
 // execCount runs a prepared statement and returns RowsAffected.

@@ -1,0 +1,416 @@
+package dsync
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// Locks scoped to a caller's transaction (Mutex.LockTx).
+//
+// A LockTx hold is made of two row locks of the caller's transaction,
+// both taken by primary key, so they are record locks without gaps at
+// READ COMMITTED and REPEATABLE READ alike, and neither read the lease
+// table (whose shared locks would hold up renewals):
+//
+//  1. The name's row in the transaction-lock table (qTxLock). Only
+//     transactions lock it, so a transaction waiting for another one's
+//     hold waits for it there, inside the database, which reports a
+//     deadlock between such waits (1213) instead of letting them hang.
+//  2. The lock row itself. The session first takes it as Lock does
+//     (waiting for Lock holders with the back-off and doorbells, and
+//     honouring claims, so neither side starves the other), then hands it
+//     to the transaction (qTxHold): the transaction frees the row, so the
+//     row is free the moment the transaction commits, and holds it locked
+//     until the transaction ends. Every acquirer writes the row, so none
+//     can take it before that end, even if the session's lease ends
+//     meanwhile: the hold does not depend on the lease.
+//
+// A rollback restores the row as the session held it. A goroutine of the
+// session waits for the end of the transaction (its release of the row
+// waits for the transaction's row lock), frees the row when the
+// transaction rolled back, rings the doorbell, ends the hold in the
+// process (whose goroutines wait for it locally, as for a Lock hold), and
+// deletes the transaction-lock row.
+
+// LockTx acquires the lock for the caller's transaction tx: the lock is
+// held until tx commits or rolls back, so what tx writes and the lock's
+// release commit together. There is no Unlock (it returns [ErrNotOwner]);
+// the hold does not end with the session's lease either. It excludes
+// every other holder of the name: Lock holders of any session, and
+// LockTx transactions.
+//
+// tx must be on the session's database server; LockTx names the session's
+// tables with its database, so tx may have another one selected. It works
+// at READ COMMITTED and REPEATABLE READ, and runs in tx only statements
+// that lock by primary key (one row of the transaction-lock table, and the
+// lock row), never blocking a lease renewal or another holder's Unlock.
+//
+// Waiting: for a Lock holder, LockTx waits as Lock does (the session's
+// back-off, doorbells, claims). For another transaction's hold, it waits
+// in the database, where a deadlock between transactions that lock names
+// in opposite orders is found: LockTx then returns [ErrDeadlock], and the
+// database has rolled tx back. Each wait there lasts up to tx's
+// connection's innodb_lock_wait_timeout, and LockTx waits again after
+// one ran out (unless the server rolls the transaction back on lock wait
+// timeouts, innodb_rollback_on_timeout: then it returns the error).
+//
+// When ctx ends, LockTx returns an error wrapping ctx.Err(). If ctx ended
+// while a statement ran in tx, the driver has closed tx's connection: tx
+// is then rolled back and unusable. After any error, roll tx back: it may
+// hold the name's transaction-lock row, which keeps other transactions
+// waiting until it ends. Locking a name again in the same tx returns nil
+// at once (the hold is one, and ends with tx); a Lock of the name in this
+// process waits until tx ends, and LockTx with an owner that holds the
+// name through Lock returns [ErrDeadlock].
+//
+// A LockTx hold counts in the session's [Stats] as a Lock does ([Session.Stats]),
+// has a fence ([Mutex.Fence], until the process learns that tx ended), and
+// costs a connection of the session's while tx runs (it waits for the end).
+// On a Galera cluster, two transactions on different nodes that lock two
+// names in opposite orders are not seen as a deadlock there: each waits
+// until its ctx ends.
+func (m *Mutex) LockTx(ctx context.Context, tx *sql.Tx) error {
+	_, err := m.lockTx(ctx, tx, true)
+	return err
+}
+
+// TryLockTx makes one attempt to acquire the lock for tx, as [Mutex.LockTx]
+// does, without waiting. It returns true, nil when acquired; false, nil
+// when another holder has it; and false with an error as LockTx does
+// otherwise. After false, roll tx back (on a server that rolls back
+// transactions on lock wait timeouts, innodb_rollback_on_timeout, the
+// database has done so already).
+func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
+	return m.lockTx(ctx, tx, false)
+}
+
+func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
+	defer m.s.track(&ctx, kindMutex, "locktx", m.name, wait).done(&ok, &err)
+	if m.err != nil {
+		return false, m.err
+	}
+	if tx == nil {
+		return false, fmt.Errorf("dsync: lock %q in a transaction: %w: nil *sql.Tx", m.name, ErrInvalidOption)
+	}
+	if err := m.s.Err(); err != nil {
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+	}
+	ok, err = m.takeTx(ctx, tx, wait)
+	if err != nil {
+		err = fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+	}
+	return ok, err
+}
+
+func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
+	q, err := m.s.txQueries(ctx)
+	if err != nil {
+		return false, err
+	}
+	// 1. The transaction-lock row, before anything local: two transactions
+	// of this process that lock names in opposite orders must meet in the
+	// database, which sees the deadlock.
+	if got, err := m.txLock(ctx, tx, q, wait); !got || err != nil {
+		return false, err
+	}
+	owner := ownerOf(ctx)
+	l := m.s.locks.ref(m.name)
+	l.mu.Lock()
+	again := l.held && l.tx == tx
+	mine := l.held && owner != 0 && l.owner == owner
+	l.mu.Unlock()
+	switch {
+	case again:
+		m.s.locks.unref(m.name)
+		return true, nil
+	case mine:
+		m.s.locks.unref(m.name)
+		return false, fmt.Errorf("%w: the owner in ctx holds it through Lock", ErrDeadlock)
+	}
+	// 2. The lock row, as Lock takes it.
+	entered, err := m.s.enter(ctx, l, wait)
+	if !entered {
+		m.s.locks.unref(m.name)
+		return false, err
+	}
+	fence, token, err := m.acquire(ctx, wait)
+	if err == nil && fence > 0 {
+		if err = m.s.Err(); err != nil {
+			m.s.undo(ctx, orphan{name: m.name, token: token})
+		}
+	}
+	if err != nil || fence == 0 {
+		l.leave()
+		m.s.locks.unref(m.name)
+		return false, err
+	}
+	// 3. Handed to the transaction.
+	res, err := tx.ExecContext(ctx, q.hold, m.name, m.s.id, token)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil && n != 1 {
+		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (its lease ended, or tx is on another server)", ErrNotHeld)
+	}
+	if err == nil {
+		err = m.s.Err()
+	}
+	if err != nil {
+		// tx did not take the row (a server error, or nothing matched), or
+		// its connection is gone and with it the transaction: the session
+		// still holds the row, and frees it in the background (it may wait
+		// for tx to end).
+		m.s.addOrphan(orphan{name: m.name, token: token})
+		l.leave()
+		m.s.locks.unref(m.name)
+		return false, err
+	}
+	l.mu.Lock()
+	l.take(0, fence, token)
+	l.tx = tx
+	l.mu.Unlock()
+	if !m.s.watchTx(l, m.name, token) {
+		// Closing: the session cannot learn when tx ends. tx holds the
+		// lock until then all the same; the caller is told to roll back.
+		l.mu.Lock()
+		l.hold = hold{}
+		l.mu.Unlock()
+		l.leave()
+		m.s.locks.unref(m.name)
+		return false, ErrSessionClosed
+	}
+	m.s.armBell()
+	return true, nil // the reference from ref now belongs to the hold
+}
+
+// txLock locks the name's transaction-lock row in tx (qTxLock): at once or
+// not at all when wait is false, else waiting in the database. It reports
+// whether tx has it.
+func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool) (bool, error) {
+	nowait := !wait || !q.rollbackOnTimeout
+	for {
+		stmt := q.lock
+		if nowait {
+			// A first attempt that does not wait, so that a wait is known
+			// (Stats), when a lock wait timeout rolls back only the
+			// statement.
+			stmt = q.lockNoWait
+		}
+		_, err := tx.ExecContext(ctx, stmt, m.name)
+		switch {
+		case err == nil:
+			return true, nil
+		case isErrNo(err, 1213):
+			return false, fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
+		case nowait && isErrNo(err, 1064):
+			// No SET STATEMENT (MySQL): wait in the database, but for a
+			// TryLockTx only when the lock row is not held now, so that it
+			// waits at most for a transaction that is taking the lock.
+			if !wait {
+				held, err := m.s.lockTaken(ctx, m.name)
+				if err != nil || held {
+					return false, err
+				}
+			}
+			nowait, wait = false, true
+			continue
+		case !isErrNo(err, 1205) || ctx.Err() != nil:
+			return false, err
+		case !wait:
+			return false, nil // another transaction holds it
+		}
+		// A lock wait timeout: wait (again), unless it rolled back tx.
+		var wholeTx bool
+		if rerr := tx.QueryRowContext(ctx, qTxRollbackOnTimeout).Scan(&wholeTx); rerr != nil {
+			return false, rerr
+		}
+		if wholeTx {
+			return false, fmt.Errorf("another transaction held it for longer than innodb_lock_wait_timeout, and the server rolled tx back (innodb_rollback_on_timeout): %w", err)
+		}
+		noteWait(ctx)
+		nowait = false
+	}
+}
+
+// txQueries returns LockTx's statements, made at its first use from what
+// the session's connections say about the server (qTxSession).
+func (s *Session) txQueries(ctx context.Context) (*txQueries, error) {
+	if q := s.txq.Load(); q != nil {
+		return q, nil
+	}
+	var database sql.NullString
+	var rollback bool
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return c.QueryRowContext(ctx, qTxSession).Scan(&database, &rollback)
+	})
+	if err != nil {
+		return nil, err
+	}
+	q := newTxQueries(database.String, s.opts.prefix)
+	q.rollbackOnTimeout = rollback
+	s.txq.Store(q)
+	return q, nil
+}
+
+// lockTaken reports whether the lock row of name is held by a live session,
+// or claimed by a live waiter of another session, now (a plain read: it
+// never waits for a transaction's row lock).
+func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
+	var ref bellRef
+	var left int64
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{s.id, name}, &ref.id, &ref.gen, &left)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// watchTx starts the goroutine that ends the LockTx hold of name (token,
+// held in l) when its transaction ends. It reports false, starting
+// nothing, once Close has begun.
+func (s *Session) watchTx(l *localLock, name string, token int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.txClosed {
+		return false
+	}
+	s.txHolds.Add(1)
+	go s.awaitTxEnd(l, name, token)
+	return true
+}
+
+// stopTxHolds waits for the goroutines of LockTx holds, which end with the
+// session (the holds do not: each lasts until its transaction ends), and
+// closes their idle connections.
+func (s *Session) stopTxHolds() {
+	s.mu.Lock()
+	s.txClosed = true
+	s.mu.Unlock()
+	s.txHolds.Wait()
+	s.mu.Lock()
+	idle := s.txConns
+	s.txConns = nil
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+// txIdleConns is how many connections of ended LockTx holds a session
+// keeps for the next ones.
+const txIdleConns = 4
+
+// awaitTxEnd waits for the transaction of a LockTx hold to end: its release
+// of the lock row (qLockRelease, by the hold's token) waits for the
+// transaction's row lock, up to the lock wait timeout of qSetSession at
+// a time. A commit has freed
+// the row (the release changes nothing); after a rollback the release
+// frees it. Then it rings the doorbell (waiters of other sessions may wait
+// on it: the row read as held by this session), ends the hold in the
+// process, and deletes the transaction-lock row. When the session ends
+// first, the hold ends in the process only; the transaction keeps the row
+// until it ends, and the lease's end frees it after a rollback.
+func (s *Session) awaitTxEnd(l *localLock, name string, token int64) {
+	defer s.txHolds.Done()
+	ctx := s.stopped
+	c := s.txConn()
+	ended := false
+	for pause := 10 * time.Millisecond; !ended && ctx.Err() == nil; {
+		var err error
+		if c == nil {
+			c, err = s.pool.Dedicated(ctx)
+		}
+		var res sql.Result
+		if err == nil {
+			res, err = s.execOn(ctx, c, sLockRelease, name, s.id, token)
+		}
+		switch {
+		case err == nil:
+			ended = true
+			n, _ := res.RowsAffected()
+			if wanted, _ := res.LastInsertId(); n == 0 || wanted == 1 {
+				s.ringBell()
+			}
+		case isErrNo(err, 1205):
+			// The transaction still runs.
+		default:
+			if ctx.Err() == nil {
+				s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
+					"lock", name, "kind", kindMutex, "err", err)
+			}
+			if c != nil {
+				c.Close()
+				c = nil
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			pause = min(2*pause, time.Second)
+		}
+	}
+	l.mu.Lock()
+	if l.held && l.token == token {
+		l.hold = hold{}
+	}
+	l.mu.Unlock()
+	l.leave()
+	s.locks.unref(name)
+	if !ended {
+		if c != nil {
+			c.Close()
+		}
+		return
+	}
+	// Best effort: a row another transaction holds by now is deleted when
+	// that hold ends.
+	if _, err := s.execOn(ctx, c, sTxLockDelete, name); err != nil && !isErrNo(err, 1205) {
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	if len(s.txConns) < txIdleConns && !s.txClosed {
+		s.txConns = append(s.txConns, c)
+		c = nil
+	}
+	s.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// txConn returns an idle connection of an ended LockTx hold, or nil.
+func (s *Session) txConn() *connpool.Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.txConns)
+	if n == 0 {
+		return nil
+	}
+	c := s.txConns[n-1]
+	s.txConns = s.txConns[:n-1]
+	return c
+}
+
+// execOn runs a prepared statement on a connection of the session's own
+// keeping (not the pool's).
+func (s *Session) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
+	st, err := c.Stmt(ctx, s.pool, int(stmt))
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}

@@ -1,0 +1,507 @@
+package dsync_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// isolations are the caller's isolation levels LockTx must work under.
+var isolations = []sql.IsolationLevel{sql.LevelReadCommitted, sql.LevelRepeatableRead}
+
+// beginTx starts a transaction at iso on db, rolled back when the test ends
+// if still open.
+func beginTx(t testing.TB, db *sql.DB, iso sql.IsolationLevel) *sql.Tx {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: iso})
+	if err != nil {
+		t.Fatalf("BeginTx: %v", err)
+	}
+	t.Cleanup(func() { tx.Rollback() })
+	return tx
+}
+
+// TestLockTxExcludesLockBothWays: a transaction's hold keeps Lock holders of
+// another session out until it commits, and a Lock holder keeps LockTx out
+// until Unlock; TryLock and TryLockTx answer false at once, without waiting
+// for the other side.
+func TestLockTxExcludesLockBothWays(t *testing.T) {
+	for _, iso := range isolations {
+		t.Run(iso.String(), func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			s1, s2 := newSession(t), newSession(t)
+			name := lockName(t)
+			m1, m2 := dsync.NewMutex(s1, name), dsync.NewMutex(s2, name)
+
+			tx := beginTx(t, db, iso)
+			if err := m1.LockTx(ctx, tx); err != nil {
+				t.Fatalf("LockTx: got %v; want nil", err)
+			}
+			if m1.Fence() <= 0 {
+				t.Fatalf("Fence of a LockTx hold: got %d; want > 0", m1.Fence())
+			}
+			// A TryLock that waited for the transaction would run into this
+			// deadline instead of answering false.
+			tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			if ok, err := m2.TryLock(tctx); ok || err != nil {
+				t.Fatalf("TryLock while a transaction holds it: got %v, %v; want false, nil", ok, err)
+			}
+			cancel()
+			lctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			if err := m2.Lock(lctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Lock while a transaction holds it: got %v; want DeadlineExceeded", err)
+			}
+			cancel()
+			if err := m1.Unlock(ctx); !errors.Is(err, dsync.ErrNotOwner) {
+				t.Fatalf("Unlock of a LockTx hold: got %v; want ErrNotOwner", err)
+			}
+
+			got := make(chan error, 1)
+			go func() { got <- m2.Lock(ctx) }()
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case err := <-got:
+				t.Fatalf("Lock returned %v before the transaction ended", err)
+			default:
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			if err := <-got; err != nil {
+				t.Fatalf("Lock after the commit: got %v; want nil", err)
+			}
+			f2 := m2.Fence()
+
+			// The other way: a Lock holder keeps LockTx out.
+			tx2 := beginTx(t, db, iso)
+			if ok, err := m1.TryLockTx(ctx, tx2); ok || err != nil {
+				t.Fatalf("TryLockTx while Lock holds it: got %v, %v; want false, nil", ok, err)
+			}
+			tx2.Rollback()
+			tx3 := beginTx(t, db, iso)
+			done := make(chan error, 1)
+			go func() { done <- m1.LockTx(ctx, tx3) }()
+			time.Sleep(50 * time.Millisecond)
+			select {
+			case err := <-done:
+				t.Fatalf("LockTx returned %v while Lock held it", err)
+			default:
+			}
+			if err := m2.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("LockTx after Unlock: got %v; want nil", err)
+			}
+			if f := m1.Fence(); f <= f2 {
+				t.Fatalf("fence of the LockTx hold: got %d; want > %d", f, f2)
+			}
+			if err := tx3.Rollback(); err != nil {
+				t.Fatalf("Rollback: %v", err)
+			}
+			// A rollback ends the hold too: the session frees the row.
+			lctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := m2.Lock(lctx); err != nil {
+				t.Fatalf("Lock after the rollback: got %v; want nil", err)
+			}
+			if err := m2.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock: %v", err)
+			}
+		})
+	}
+}
+
+// TestLockTxExclusionUnderLoad: goroutines of three sessions take one name
+// in turns, some with LockTx (each incrementing a counter in its
+// transaction) and some with Lock (incrementing it in autocommit
+// statements), at READ COMMITTED and REPEATABLE READ. Every increment is a
+// read and a write apart, so two holders at once would lose one; the
+// in-process flag catches an overlap directly.
+func TestLockTxExclusionUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	table := fmt.Sprintf("locktx_counter_%d", time.Now().UnixNano())
+	if _, err := db.Exec("CREATE TABLE " + table + " (id INT PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	defer db.Exec("DROP TABLE " + table)
+	if _, err := db.Exec("INSERT INTO " + table + " VALUES (1, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	name := lockName(t)
+	sessions := []*dsync.Session{newSession(t), newSession(t), newSession(t)}
+	const rounds = 25
+	var inside, overlaps, done atomic.Int64
+	enter := func() {
+		if inside.Add(1) != 1 {
+			overlaps.Add(1)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	leave := func() { inside.Add(-1); done.Add(1) }
+	increment := func(q interface {
+		QueryRowContext(context.Context, string, ...any) *sql.Row
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	}) error {
+		var n int
+		if err := q.QueryRowContext(ctx, "SELECT n FROM "+table+" WHERE id = 1").Scan(&n); err != nil {
+			return err
+		}
+		_, err := q.ExecContext(ctx, "UPDATE "+table+" SET n = ? WHERE id = 1", n+1)
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i, s := range sessions {
+		m := dsync.NewMutex(s, name)
+		iso := isolations[i%2]
+		wg.Add(2)
+		go func() { // transactions
+			defer wg.Done()
+			for range rounds {
+				tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := m.LockTx(ctx, tx); err != nil {
+					tx.Rollback()
+					errs <- fmt.Errorf("LockTx: %w", err)
+					return
+				}
+				enter()
+				err = increment(tx)
+				leave()
+				if err == nil {
+					err = tx.Commit()
+				} else {
+					tx.Rollback()
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() { // Lock holders
+			defer wg.Done()
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- fmt.Errorf("Lock: %w", err)
+					return
+				}
+				enter()
+				err := increment(db)
+				leave()
+				if uerr := m.Unlock(ctx); err == nil {
+					err = uerr
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := db.QueryRow("SELECT n FROM " + table + " WHERE id = 1").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(sessions) * 2 * rounds); n != want || done.Load() != want || overlaps.Load() != 0 {
+		t.Fatalf("counter %d, holds %d, overlaps %d; want %d, %d, 0", n, done.Load(), overlaps.Load(), want, want)
+	}
+}
+
+// TestLockTxDeadlockIsReported: two transactions, of two sessions and of one
+// session, lock two names in opposite orders: one gets ErrDeadlock (the
+// database rolled it back), the other gets both once it does.
+func TestLockTxDeadlockIsReported(t *testing.T) {
+	for _, sameSession := range []bool{false, true} {
+		for _, iso := range isolations {
+			t.Run(fmt.Sprintf("same session %v/%v", sameSession, iso), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+				defer cancel()
+				db := dbtest.Open(t)
+				s1 := newSession(t)
+				s2 := s1
+				if !sameSession {
+					s2 = newSession(t)
+				}
+				a, b := lockName(t)+"/a", lockName(t)+"/b"
+				tx1, tx2 := beginTx(t, db, iso), beginTx(t, db, iso)
+				if err := dsync.NewMutex(s1, a).LockTx(ctx, tx1); err != nil {
+					t.Fatal(err)
+				}
+				if err := dsync.NewMutex(s2, b).LockTx(ctx, tx2); err != nil {
+					t.Fatal(err)
+				}
+				errs := make(chan error, 2)
+				go func() {
+					err := dsync.NewMutex(s1, b).LockTx(ctx, tx1)
+					if err != nil {
+						tx1.Rollback()
+					} else {
+						err = tx1.Commit()
+					}
+					errs <- err
+				}()
+				go func() {
+					err := dsync.NewMutex(s2, a).LockTx(ctx, tx2)
+					if err != nil {
+						tx2.Rollback()
+					} else {
+						err = tx2.Commit()
+					}
+					errs <- err
+				}()
+				e1, e2 := <-errs, <-errs
+				if e1 != nil && e2 != nil || e1 == nil && e2 == nil {
+					t.Fatalf("got %v and %v; want one ErrDeadlock and one nil", e1, e2)
+				}
+				if err := errors.Join(e1, e2); !errors.Is(err, dsync.ErrDeadlock) {
+					t.Fatalf("got %v; want ErrDeadlock", err)
+				}
+			})
+		}
+	}
+}
+
+// TestLockTxNeverBlocksUnlockOrRenewal: a transaction that tried to lock a
+// name held by Lock, and gave up, must not hold up that holder's Unlock or
+// its session's renewals while it stays open, at REPEATABLE READ too.
+func TestLockTxNeverBlocksUnlockOrRenewal(t *testing.T) {
+	for _, iso := range isolations {
+		t.Run(iso.String(), func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			holder := newSession(t, dsync.WithTTL(2*time.Second))
+			other := newSession(t)
+			name := lockName(t)
+			hm := dsync.NewMutex(holder, name)
+			if err := hm.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx := beginTx(t, db, iso)
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			err := dsync.NewMutex(other, name).LockTx(wctx, tx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("LockTx while Lock holds it: got %v; want DeadlineExceeded", err)
+			}
+			if ok, err := dsync.NewMutex(other, name).TryLockTx(ctx, tx); ok || err != nil {
+				t.Fatalf("TryLockTx while Lock holds it: got %v, %v; want false, nil", ok, err)
+			}
+			// tx stays open past the holder's TTL: its renewals must go on.
+			time.Sleep(3 * time.Second)
+			if err := holder.Err(); err != nil {
+				t.Fatalf("holder's session with the transaction open: %v", err)
+			}
+			uctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := hm.Unlock(uctx); err != nil {
+				t.Fatalf("Unlock with the transaction open: got %v; want nil", err)
+			}
+		})
+	}
+}
+
+// TestLockTxMisuse: bad input and repeated calls get clear answers.
+func TestLockTxMisuse(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t)
+	name := lockName(t)
+	m := dsync.NewMutex(s, name)
+	if err := m.LockTx(ctx, nil); !errors.Is(err, dsync.ErrInvalidOption) {
+		t.Fatalf("LockTx(nil): got %v; want ErrInvalidOption", err)
+	}
+	if err := dsync.NewMutex(s, "").LockTx(ctx, beginTx(t, db, sql.LevelDefault)); !errors.Is(err, dsync.ErrInvalidName) {
+		t.Fatalf("LockTx of an empty name: got %v; want ErrInvalidName", err)
+	}
+	tx := beginTx(t, db, sql.LevelDefault)
+	if err := m.LockTx(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.LockTx(ctx, tx); err != nil {
+		t.Fatalf("LockTx again in the same tx: got %v; want nil", err)
+	}
+	if ok, err := m.TryLockTx(ctx, tx); !ok || err != nil {
+		t.Fatalf("TryLockTx in the same tx: got %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := m.TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock in the process while tx holds it: got %v, %v; want false, nil", ok, err)
+	}
+	st := s.Stats()
+	if st.Acquisitions != 3 || st.Held != 1 {
+		t.Fatalf("Stats: %d acquisitions, %d held; want 3, 1", st.Acquisitions, st.Held)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.LockTx(ctx, tx); !errors.Is(err, sql.ErrTxDone) {
+		t.Fatalf("LockTx with a committed tx: got %v; want sql.ErrTxDone", err)
+	}
+
+	// An owner that holds the name through Lock would wait for itself.
+	octx := dsync.WithOwner(ctx)
+	if err := m.Lock(octx); err != nil {
+		t.Fatalf("Lock after the commit: %v", err)
+	}
+	tx2 := beginTx(t, db, sql.LevelDefault)
+	if err := m.LockTx(octx, tx2); !errors.Is(err, dsync.ErrDeadlock) {
+		t.Fatalf("LockTx by the owner holding it through Lock: got %v; want ErrDeadlock", err)
+	}
+	tx2.Rollback()
+	if err := m.Unlock(octx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockTxSurvivesItsSessionEnd: the hold belongs to the transaction, not
+// the lease: after the session that took it closes, another session still
+// cannot take the name until the transaction ends.
+func TestLockTxSurvivesItsSessionEnd(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s1, s2 := newSession(t), newSession(t)
+	name := lockName(t)
+	tx := beginTx(t, db, sql.LevelRepeatableRead)
+	if err := dsync.NewMutex(s1, name).LockTx(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var holder int64
+	if err := db.QueryRow("SELECT holder FROM dsync_lock WHERE name = ?", name).Scan(&holder); err != nil || holder != s1.ID() {
+		t.Fatalf("committed holder after Close: %d, %v; want the closed session %d", holder, err, s1.ID())
+	}
+	m2 := dsync.NewMutex(s2, name)
+	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	err := m2.Lock(lctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock while the transaction of a closed session holds it: got %v; want DeadlineExceeded", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- m2.Lock(ctx) }()
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Lock after the commit: %v", err)
+	}
+	m2.Unlock(ctx)
+}
+
+// TestLockTxNeitherSideStarves measures how long one side waits under a
+// steady stream of the other: a Lock waiter of one session while two
+// goroutines of another take the name with LockTx transactions back to
+// back, and a LockTx waiter while two goroutines hold it with Lock back to
+// back. Each wait must end with the lock (a starved waiter would run into
+// its 20s deadline); the waits are logged (go test -v -run NeitherSide).
+func TestLockTxNeitherSideStarves(t *testing.T) {
+	for _, streamTx := range []bool{true, false} {
+		t.Run(fmt.Sprintf("stream of LockTx %v", streamTx), func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			name := lockName(t)
+			stream, waiter := newSession(t), newSession(t)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var streamed atomic.Int64
+			streamErr := make(chan error, 2)
+			for range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					m := dsync.NewMutex(stream, name)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						var err error
+						if streamTx {
+							var tx *sql.Tx
+							if tx, err = db.BeginTx(ctx, nil); err == nil {
+								if err = m.LockTx(ctx, tx); err == nil {
+									time.Sleep(2 * time.Millisecond)
+									err = tx.Commit()
+								} else {
+									tx.Rollback()
+								}
+							}
+						} else if err = m.Lock(ctx); err == nil {
+							time.Sleep(2 * time.Millisecond)
+							err = m.Unlock(ctx)
+						}
+						if err != nil {
+							streamErr <- err
+							return
+						}
+						streamed.Add(1)
+					}
+				}()
+			}
+			defer func() {
+				close(stop)
+				wg.Wait()
+				select {
+				case err := <-streamErr:
+					t.Errorf("stream: %v", err)
+				default:
+				}
+			}()
+			m := dsync.NewMutex(waiter, name)
+			var longest, total time.Duration
+			const waits = 10
+			for range waits {
+				time.Sleep(20 * time.Millisecond) // the stream runs meanwhile
+				wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				start := time.Now()
+				var err error
+				if streamTx {
+					if err = m.Lock(wctx); err == nil {
+						took := time.Since(start)
+						longest, total = max(longest, took), total+took
+						err = m.Unlock(ctx)
+					}
+				} else {
+					var tx *sql.Tx
+					if tx, err = db.BeginTx(ctx, nil); err == nil {
+						if err = m.LockTx(wctx, tx); err == nil {
+							took := time.Since(start)
+							longest, total = max(longest, took), total+took
+							err = tx.Commit()
+						} else {
+							tx.Rollback()
+						}
+					}
+				}
+				cancel()
+				if err != nil {
+					t.Fatalf("waiter: %v", err)
+				}
+			}
+			t.Logf("waits of the other side: mean %v, longest %v; %d holds of the stream meanwhile",
+				total/waits, longest, streamed.Load())
+		})
+	}
+}
