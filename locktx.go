@@ -136,20 +136,8 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		return false, fmt.Errorf("%w: the owner in ctx holds it through Lock", ErrDeadlock)
 	}
 	// 2. The lock row, as Lock takes it.
-	entered, err := m.s.enter(ctx, l, wait)
-	if !entered {
-		m.s.locks.unref(m.name)
-		return false, err
-	}
-	fence, token, err := m.acquire(ctx, wait)
-	if err == nil && fence > 0 {
-		if err = m.s.Err(); err != nil {
-			m.s.undo(ctx, orphan{name: m.name, token: token})
-		}
-	}
+	fence, token, err := m.enterAcquire(ctx, l, wait)
 	if err != nil || fence == 0 {
-		l.leave()
-		m.s.locks.unref(m.name)
 		return false, err
 	}
 	// 3. Handed to the transaction.

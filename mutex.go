@@ -106,15 +106,31 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 		m.s.locks.unref(m.name)
 		return true, nil
 	}
-	entered, err := m.s.enter(ctx, l, wait)
-	if !entered {
-		m.s.locks.unref(m.name)
+	fence, token, err := m.enterAcquire(ctx, l, wait)
+	if err != nil || fence == 0 {
 		if err != nil {
 			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
 		}
 		return false, err
 	}
-	fence, token, err := m.acquire(ctx, wait)
+	l.mu.Lock()
+	l.take(owner, fence, token)
+	l.mu.Unlock()
+	m.s.armBell()
+	return true, nil // the reference from ref now belongs to the hold
+}
+
+// enterAcquire takes the local lock l (referenced by the caller) and then
+// the lock row (see acquire). It returns the fence and token of the
+// acquisition; on an error or a zero fence (not acquired) it has left l and
+// dropped the caller's reference.
+func (m *Mutex) enterAcquire(ctx context.Context, l *localLock, wait bool) (fence, token int64, err error) {
+	entered, err := m.s.enter(ctx, l, wait)
+	if !entered {
+		m.s.locks.unref(m.name)
+		return 0, 0, err
+	}
+	fence, token, err = m.acquire(ctx, wait)
 	if err == nil && fence > 0 {
 		// The row is taken, but the session may have ended while the
 		// statement ran (Close, or a lease lost to a slow database): then
@@ -127,16 +143,9 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	if err != nil || fence == 0 {
 		l.leave()
 		m.s.locks.unref(m.name)
-		if err != nil {
-			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
-		}
-		return false, err
+		return 0, 0, err
 	}
-	l.mu.Lock()
-	l.take(owner, fence, token)
-	l.mu.Unlock()
-	m.s.armBell()
-	return true, nil // the reference from ref now belongs to the hold
+	return fence, token, nil
 }
 
 // acquire takes the lock row, waiting on the holder's doorbell (see
