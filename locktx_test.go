@@ -505,3 +505,44 @@ func TestLockTxNeitherSideStarves(t *testing.T) {
 		})
 	}
 }
+
+// TestLockTxConnectionKilled: the server kills the connection of a
+// transaction holding a name (the fault: its Commit fails). The database
+// rolls the transaction back, which restores the row as the session had
+// taken it; the session, waiting for that end, frees it, so another
+// session gets the lock, and the lock was never held twice.
+func TestLockTxConnectionKilled(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s1, s2 := newSession(t), newSession(t)
+	name := lockName(t)
+	tx := beginTx(t, db, sql.LevelRepeatableRead)
+	if err := dsync.NewMutex(s1, name).LockTx(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := tx.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	m2 := dsync.NewMutex(s2, name)
+	got := make(chan error, 1)
+	go func() { got <- m2.Lock(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case err := <-got:
+		t.Fatalf("Lock returned %v while the transaction held the name", err)
+	default:
+	}
+	if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL %d", id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err == nil {
+		t.Fatal("Commit on a killed connection: got nil; want an error (the fault did not happen)")
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("Lock after the transaction was killed: got %v; want nil", err)
+	}
+	if err := m2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
