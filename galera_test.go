@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os/exec"
@@ -1350,5 +1351,32 @@ func TestGaleraSweep(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("lock and queue rows 30s after the traffic stopped: got %d; want 0", rows)
 		}
+	}
+}
+
+// TestGaleraLockTxUnsupported: LockTx and TryLockTx refuse a cluster with
+// errors.ErrUnsupported (row locks are per node there), and Lock and TryLock
+// of the name still work after the refusal.
+func TestGaleraLockTxUnsupported(t *testing.T) {
+	g := newGaleraDB(t)
+	ctx := context.Background()
+	s := g.session(t, 0)
+	m := dsync.NewMutex(s, "locktx")
+	tx, err := g.db[0].BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if err := m.LockTx(ctx, tx); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("LockTx on a cluster: got %v; want errors.ErrUnsupported", err)
+	}
+	if ok, err := m.TryLockTx(ctx, tx); ok || !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("TryLockTx on a cluster: got %v, %v; want false, errors.ErrUnsupported", ok, err)
+	}
+	if ok, err := m.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock after the refusals: got %v, %v; want true, nil", ok, err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

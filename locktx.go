@@ -71,9 +71,12 @@ import (
 // A LockTx hold counts in the session's [Stats] as a Lock does ([Session.Stats]),
 // has a fence ([Mutex.Fence], until the process learns that tx ended), and
 // costs a connection of the session's while tx runs (it waits for the end).
-// On a Galera cluster, two transactions on different nodes that lock two
-// names in opposite orders are not seen as a deadlock there: each waits
-// until its ctx ends.
+//
+// On a Galera cluster LockTx returns an error wrapping
+// [errors.ErrUnsupported]: row locks are per node there, so a transaction
+// would wait for another node's transaction nowhere (no deadlock would be
+// found), and its writes of the shared rows would meet others' only at
+// certification, as aborted transactions.
 func (m *Mutex) LockTx(ctx context.Context, tx *sql.Tx) error {
 	_, err := m.lockTx(ctx, tx, true)
 	return err
@@ -102,6 +105,9 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 	}
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+	}
+	if m.s.galera {
+		return false, fmt.Errorf("dsync: lock %q in a transaction: %w on a Galera cluster (row locks are per node there)", m.name, errors.ErrUnsupported)
 	}
 	ok, err = m.takeTx(ctx, tx, wait)
 	if err != nil {
