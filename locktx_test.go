@@ -414,7 +414,8 @@ func TestLockTxSurvivesItsSessionEnd(t *testing.T) {
 // goroutines of another take the name with LockTx transactions back to
 // back, and a LockTx waiter while two goroutines hold it with Lock back to
 // back. Each wait must end with the lock (a starved waiter would run into
-// its 20s deadline); the waits are logged (go test -v -run NeitherSide).
+// its 20s deadline) after at most a few holds of the stream; the waits are
+// logged (go test -v -run NeitherSide).
 func TestLockTxNeitherSideStarves(t *testing.T) {
 	for _, streamTx := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream of LockTx %v", streamTx), func(t *testing.T) {
@@ -471,24 +472,28 @@ func TestLockTxNeitherSideStarves(t *testing.T) {
 			}()
 			m := dsync.NewMutex(waiter, name)
 			var longest, total time.Duration
+			var overtaken int64 // most holds of the stream that ended during one wait
 			const waits = 10
 			for range waits {
 				time.Sleep(20 * time.Millisecond) // the stream runs meanwhile
 				wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-				start := time.Now()
+				start, before := time.Now(), streamed.Load()
+				got := func() {
+					took := time.Since(start)
+					longest, total = max(longest, took), total+took
+					overtaken = max(overtaken, streamed.Load()-before)
+				}
 				var err error
 				if streamTx {
 					if err = m.Lock(wctx); err == nil {
-						took := time.Since(start)
-						longest, total = max(longest, took), total+took
+						got()
 						err = m.Unlock(ctx)
 					}
 				} else {
 					var tx *sql.Tx
 					if tx, err = db.BeginTx(ctx, nil); err == nil {
 						if err = m.LockTx(wctx, tx); err == nil {
-							took := time.Since(start)
-							longest, total = max(longest, took), total+took
+							got()
 							err = tx.Commit()
 						} else {
 							tx.Rollback()
@@ -500,8 +505,14 @@ func TestLockTxNeitherSideStarves(t *testing.T) {
 					t.Fatalf("waiter: %v", err)
 				}
 			}
-			t.Logf("waits of the other side: mean %v, longest %v; %d holds of the stream meanwhile",
-				total/waits, longest, streamed.Load())
+			t.Logf("waits of the other side: mean %v, longest %v, at most %d holds of the stream during one; %d holds of the stream in all",
+				total/waits, longest, overtaken, streamed.Load())
+			// A waiter is overtaken by at most the holds in progress when it
+			// began (one per goroutine of the stream) and a few more; a
+			// starving one would let the stream go on and on.
+			if overtaken > 10 {
+				t.Errorf("a wait saw %d holds of the stream; want at most 10", overtaken)
+			}
 		})
 	}
 }
