@@ -540,6 +540,13 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		return false, err
 	}
 	n, err := res.RowsAffected()
+	if err == nil && n == 0 && o.seq == headSlot {
+		// The slot was not this acquisition's, or the name's row is gone
+		// (an operator deleted it with the hold in it): waiters blocked on
+		// this session's doorbell for the slot would then wait bellWait,
+		// so ring anyway. A ring for nothing costs them one check.
+		s.ringBell()
+	}
 	if err != nil || n == 0 {
 		return false, err
 	}
