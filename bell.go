@@ -27,7 +27,9 @@ import (
 //
 // A release does not miss a waiter: a waiter reads the doorbell after
 // saying that it waits (the Mutex row's wanted_until, or the marker, which
-// it writes while it holds the ticket ahead locked), so a release that
+// it writes while it holds the ticket ahead locked, or, behind a holder of
+// a queued lock's head slot, its own ticket, which the slot's release
+// reads under the row lock that every enqueue takes), so a release that
 // comes after rings the generation it read or a later one, and a waiter
 // that blocks on a generation already rung gets it at once. Every path
 // that frees a row or ticket rings (Unlock, the reaper, undo, Close's
@@ -371,7 +373,8 @@ func (w *bellWaiter) closeIdle() {
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
 // go, by blocking on its session's doorbell after leaving a marker behind
-// it (qTicketWant). It reports false when the caller should poll instead;
+// it (qTicketWant), or, with no such ticket ahead, for the head slot's
+// holder to free it. It reports false when the caller should poll instead;
 // true when it waited, or found the line moved, and w's turn should be
 // checked again at once. st is as in awaitBell.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) bool {
@@ -382,7 +385,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	var seq, left int64
 	var ref bellRef
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode}, &seq, &ref.id, &ref.gen, &left)
+		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -397,13 +400,18 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		st.pollUntil = time.Now().Add(pollFor)
 		return false
 	}
-	res, err := s.exec(ctx, sTicketWant, name, seq)
-	if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-		return false
-	}
-	if there, _ := res.LastInsertId(); there != 1 {
-		return true // the ticket ahead went meanwhile
+	if seq != 0 {
+		// A ticket ahead: leave a marker, so that its release rings. (The
+		// head slot's release rings whenever tickets exist, and this one
+		// committed before the slot's holder was read.)
+		res, err := s.exec(ctx, sTicketWant, name, seq)
+		if err != nil {
+			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
+			return false
+		}
+		if there, _ := res.LastInsertId(); there != 1 {
+			return true // the ticket ahead went meanwhile
+		}
 	}
 	c := s.waiters.get(ctx, s)
 	if c == nil {

@@ -291,9 +291,7 @@ func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
 	name := lockName(t)
 	s := newSession(t)
 	m := dsync.NewFairMutex(s, name)
-	if err := m.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lockQueued(t, m) // a hold with a ticket, not the head slot
 	db := dbtest.Open(t)
 	var ticket int64
 	if err := db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&ticket); err != nil {

@@ -48,8 +48,9 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently (schema version 3 added the clean-up of free rows); dsync
-	// never alters tables. To move to this version, stop every process of
+	// differently (schema version 4 added the queued locks' head slot,
+	// version 3 the clean-up of free rows); dsync never alters tables. To
+	// move to this version, stop every process of
 	// the old one, drop the five tables of the prefix (schema, lease, lock,
 	// queue and ticket), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in

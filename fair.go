@@ -40,9 +40,12 @@ import "context"
 // so. While a goroutine of its own process holds the lock it does not
 // wait on the database: that holder's Unlock wakes it at once. The price of
 // fairness is throughput: a lock handed over in strict order cannot be
-// grabbed by whoever happens to ask at the right moment, and a Lock or
-// Unlock costs a few more statements than a Mutex's (enqueue, check,
-// delete).
+// grabbed by whoever happens to ask at the right moment, and a waiter
+// pays a few more statements than a Mutex's (enqueue, check, delete).
+// Uncontended, Lock and Unlock are one statement each, as a Mutex's: with
+// nobody holding or waiting, Lock takes the head slot of the name's row
+// (its fence in the same statement) instead of a ticket, and holds the
+// lock ahead of every ticket queued after it.
 type FairMutex struct {
 	q queued
 }

@@ -83,12 +83,21 @@ const (
 	// row (on a single server) or write it (on a cluster), which makes the
 	// tickets of one name commit in ticket order. idle_since and idle_fence
 	// are the sweep's mark, as in qCreateLock (see qQueueSweepMark).
+	//
+	// holder and token are the head slot: the exclusive hold of a session
+	// (lease id, 0: none) that took the lock while the line was empty,
+	// without a ticket (qQueueTake), and its per-acquisition token. A live
+	// head-slot holder is ahead of every ticket: it conflicts with all of
+	// them, and every statement that reads the line counts it. A holder whose
+	// lease has ended holds nothing.
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
   name       VARBINARY(255) NOT NULL PRIMARY KEY,
   seq        BIGINT         NOT NULL DEFAULT 0,
   fence      BIGINT         NOT NULL DEFAULT 0,
   idle_since DATETIME(6)    NULL,
-  idle_fence BIGINT         NOT NULL DEFAULT 0
+  idle_fence BIGINT         NOT NULL DEFAULT 0,
+  holder     BIGINT         NOT NULL DEFAULT 0,
+  token      BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 
 	// qCreateTicket creates the queue entries: one row per waiter or holder
@@ -96,8 +105,9 @@ const (
 	// committed them. mode 1 is exclusive (FairMutex, RWMutex writer), 0
 	// shared (reader). A ticket of a live lease holds the lock when no live
 	// ticket before it conflicts with it: any earlier ticket for an exclusive
-	// one, an earlier exclusive ticket for a shared one. Tickets of ended
-	// leases are skipped.
+	// one, an earlier exclusive ticket for a shared one, and no live holder
+	// of the head slot is there (see qCreateQueue). Tickets of ended leases
+	// are skipped.
 	qCreateTicket = `CREATE TABLE IF NOT EXISTS {ticket} (
   name   VARBINARY(255) NOT NULL,
   seq    BIGINT         NOT NULL,
@@ -148,8 +158,10 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // schemaVersion is the version of the tables this code reads and writes.
 // Version 1 (no version record) numbered tickets with AUTO_INCREMENT;
 // version 2 had no doorbells (lease.bell, lock.wanted_until) and no sweep
-// columns (idle_since, idle_fence, swept_at, deleted_fence).
-const schemaVersion = 3
+// columns (idle_since, idle_fence, swept_at, deleted_fence); version 3 had
+// no head slot (queue.holder, queue.token), so its code would not see a
+// lock held there.
+const schemaVersion = 4
 
 // qFenceSeed is the first fence of a row created anew: the greater of the
 // server's UTC clock in microseconds since 1970 and one above the highest
@@ -419,12 +431,20 @@ const (
 	// and is numbered above every ticket of the name (the row lock is taken
 	// before the MAX is read, so the MAX sees every ticket committed before
 	// it). A number can come again only after every ticket above it is
-	// gone, at the end of the line, where nobody is behind it. Args: lease
-	// id, token, mode, name. LastInsertId: the ticket's number; 0 when the
-	// per-name row is missing (run qQueueCreate, then again).
+	// gone, at the end of the line, where nobody is behind it. Args: mode,
+	// lease id, token, mode, name. LastInsertId: twice the ticket's number,
+	// plus 1 when something the ticket conflicts with is ahead of it (see
+	// ticketConflictQ; 0 added: the ticket holds the lock, unless it is
+	// exclusive, which still takes the fence with qTicketTake); 0 when the
+	// per-name row is missing (run qQueueCreate, then again). The flag is
+	// read under the per-name row's lock, which every enqueue and every
+	// take of the head slot (qQueueTake) holds until it commits, so nothing
+	// it did not see can be ahead of the ticket. (INSERT ... SELECT reads
+	// the other tables without locks at READ COMMITTED.)
 	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode)
-SELECT q.name, LAST_INSERT_ID(GREATEST(q.seq,
-         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1), ?, ?, ?
+SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,
+         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+       + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
@@ -434,11 +454,17 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// other conflict at certification (one is rolled back and retried), and
 	// a ticket is numbered only on a node that has applied every lower one
 	// (it read the counter they set, in the transaction that inserted them).
-	// qTicketNumber: args name, name; LastInsertId: the new number; 0 rows
-	// changed: the per-name row is missing. qTicketAdd: args name, ticket,
-	// lease id, token, mode (the ticket is the LastInsertId of qTicketNumber).
-	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(GREATEST(seq,
+	// qTicketNumber: args name, mode, name; LastInsertId: twice the new
+	// number, plus 1 when something a ticket of the mode conflicts with is
+	// ahead of it (as for qTicketInsert; every enqueue and every take of
+	// the head slot writes the per-name row, so one committed meanwhile on
+	// another node fails this transaction's certification); 0: the
+	// per-name row is missing. qTicketAdd: args name, ticket, lease id,
+	// token, mode (the ticket is half the LastInsertId of qTicketNumber,
+	// rounded down).
+	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (GREATEST(seq,
   COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+  + IF(` + ticketConflictQueue + `, 1, 0)) DIV 2
 WHERE name = ?`
 	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, ?)`
 
@@ -448,14 +474,54 @@ WHERE name = ?`
 	// is matched but left unchanged, which writes and replicates nothing).
 	// 0 (no row matched): the per-name row is missing (an operator deleted
 	// it); run qQueueCreate, then again. Once no live ticket is ahead, none
-	// ever is again (later tickets are numbered higher, and a lease that
-	// ended never lives again), so a read-only count of 0 (qTicketConflicts)
-	// followed by this statement cannot be overtaken.
+	// ever is again (later tickets are numbered higher, a lease that
+	// ended never lives again, and the head slot is taken only while no
+	// live ticket exists), so a read-only count of 0 (qTicketConflicts)
+	// followed by this statement cannot be overtaken. A live holder of the
+	// head slot is ahead of every ticket; the statement reads holder on the
+	// row it has locked, so it sees the latest take of the slot.
 	qTicketTake = `UPDATE {queue} SET
   fence = IF(EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-                     WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)),
+                     WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6))
+             OR ` + slotHeldQueue + `,
              fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ?`
+
+	// qQueueTake takes the head slot (see qCreateQueue) for an exclusive
+	// hold, with the next fence, when no live session holds it and no live
+	// ticket of the name exists: an uncontended Lock in one statement, no
+	// ticket. Args: -lease id, token, lease id, name. LastInsertId: the new
+	// fence; notAtHead when the lock is held or the line is not empty (the
+	// row is matched but left unchanged, which writes and replicates
+	// nothing); 0 (no row matched): the per-name row is missing, run
+	// qQueueCreate, then again. As in qLockAcquire the first assignment
+	// makes the decision, marking the row taken with the negative lease id,
+	// and the later ones test for the mark. The ticket check reads without
+	// locks, after the row lock is granted: every enqueue holds that lock
+	// (single server) or writes the row (cluster) until it commits, so a
+	// ticket it does not see is numbered after the take and waits for it.
+	// A slot held by this session itself counts as held (see qLockAcquire).
+	qQueueTake = `UPDATE {queue} SET
+  holder = IF(NOT ` + slotHeldQueue + `
+              AND NOT EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+                              WHERE t.name = {queue}.name AND l.expires_at > UTC_TIMESTAMP(6)),
+              ?, holder),
+  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `)),
+  token = IF(holder < 0, ?, token),
+  holder = IF(holder < 0, ?, holder)
+WHERE name = ?`
+
+	// qQueueRelease frees the head slot if, and only if, this acquisition
+	// still holds it. Idempotent, so it also undoes a take whose outcome is
+	// unknown. Args: name, lease id, token. RowsAffected 1: freed; 0: this
+	// acquisition did not hold it. LastInsertId 1 when tickets of the name
+	// exist: they all waited for the slot (a ticket is only ever inserted
+	// behind it), so the releaser rings its doorbell. A waiter that read
+	// the slot's holder (qTicketAhead) did so after its ticket committed,
+	// so a release that comes after sees the ticket and rings.
+	qQueueRelease = `UPDATE {queue} SET holder = 0,
+  token = 0 + 0 * LAST_INSERT_ID(EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name))
+WHERE name = ? AND holder = ? AND token = ?`
 
 	// qTicketRelease removes a ticket (a hold that is over, or a waiter
 	// leaving the line) and the marker that a waiter behind it left
@@ -470,12 +536,19 @@ WHERE name = ?`
 	// qTicketAhead finds the nearest live ticket ahead of a waiting one
 	// that it conflicts with (see qTicketConflicts), its session's doorbell
 	// and how long that session's lease has left in microseconds: the
-	// waiter blocks on that doorbell (see bell.go). Args: name, ticket,
-	// mode. No row: nothing conflicting is ahead.
+	// waiter blocks on that doorbell (see bell.go). When no such ticket is
+	// ahead, a live holder of the head slot is, with seq 0: its release
+	// (qQueueRelease) rings whenever tickets exist, so the waiter leaves no
+	// marker. Args: name, ticket, mode, name. No row: nothing conflicting
+	// is ahead.
 	qTicketAhead = `SELECT t.seq, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
-ORDER BY t.seq DESC LIMIT 1`
+UNION ALL
+SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+FROM {queue} q JOIN {lease} l ON l.id = q.holder
+WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
+ORDER BY 1 DESC LIMIT 1`
 
 	// qTicketWant leaves a marker behind a ticket (seq ticket + markerBase,
 	// holder 0, never live, and above every ticket number, so every check
@@ -496,13 +569,18 @@ SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, LAST_INSERT_ID(1), 0 FROM {tick
 
 	// qTicketConflicts counts the live tickets of a name between two ticket
 	// numbers (exclusive) that a ticket of the given mode conflicts with:
-	// all of them for an exclusive ticket, exclusive ones for a shared one.
-	// Args: name, after, before, mode. It is the read-only poll of a waiter
-	// (its place in line); a reader's whole check (no fence to take, so no
-	// write); TryLock and TryRLock count the whole line; a reader joining a
-	// hold of its process counts the writers queued after that hold.
-	qTicketConflicts = `SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)`
+	// all of them for an exclusive ticket, exclusive ones for a shared one;
+	// plus 1 for a live holder of the head slot, which is ahead of every
+	// ticket and conflicts with all. Args: name, after, before, mode, name.
+	// It is the read-only poll of a waiter (its place in line); a reader's
+	// check after waiting (no fence to take, so no write); TryRLock counts
+	// the whole line; a reader joining a hold of its process counts the
+	// writers queued after that hold (the slot is never held then: it is
+	// taken only while no live ticket exists, and the hold's ticket is).
+	qTicketConflicts = `SELECT (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+  WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6))
+  + (SELECT COUNT(*) FROM {queue} q JOIN {lease} l ON l.id = q.holder
+     WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6))`
 
 	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone
 	// (crashed sessions, purged by qLeasePurge), and markers (qTicketWant)
@@ -525,6 +603,26 @@ LIMIT 1000`
 	// and the delete the number can belong to a live ticket of another
 	// lease (lease ids are random and never reused).
 	qTicketPurge = `DELETE FROM {ticket} WHERE name = ? AND seq = ? AND holder = ?`
+)
+
+// Conditions of the queued lock statements, spliced into them, on the
+// per-name row (alias q, or the {queue} table itself). slotHeld*: a live
+// session holds the head slot (a holder of 0 names no lease: lease ids are
+// positive). ticketConflict*: a ticket of the mode given by the one
+// argument would have something ahead that it conflicts with: a live
+// ticket of the name (an exclusive one, for a shared ticket), or a live
+// holder of the head slot. Every ticket of the name is ahead of one being
+// numbered.
+const (
+	slotHeldQ     = `EXISTS (SELECT 1 FROM {lease} hl WHERE hl.id = q.holder AND hl.expires_at > UTC_TIMESTAMP(6))`
+	slotHeldQueue = `EXISTS (SELECT 1 FROM {lease} hl WHERE hl.id = {queue}.holder AND hl.expires_at > UTC_TIMESTAMP(6))`
+
+	ticketConflictQ = `(EXISTS (SELECT 1 FROM {ticket} ct JOIN {lease} cl ON cl.id = ct.holder
+          WHERE ct.name = q.name AND (ct.mode = 1 OR ? = 1) AND cl.expires_at > UTC_TIMESTAMP(6))
+        OR ` + slotHeldQ + `)`
+	ticketConflictQueue = `(EXISTS (SELECT 1 FROM {ticket} ct JOIN {lease} cl ON cl.id = ct.holder
+          WHERE ct.name = {queue}.name AND (ct.mode = 1 OR ? = 1) AND cl.expires_at > UTC_TIMESTAMP(6))
+        OR ` + slotHeldQueue + `)`
 )
 
 // Clean-up of free rows (see WithFreeRowAge and sweep.go). A sweep pass
@@ -551,14 +649,18 @@ LIMIT 1000`
 // committed meanwhile keeps the row; one that comes after the delete finds
 // no row and creates it (qLockAcquire), its fence seeded by qFenceSeed.
 //
-// A queue row is free when no ticket of its name exists. The delete and
-// the mark check that too, but a ticket inserted while the delete runs may
-// be missed (the check reads the ticket table as of the statement's
-// start). That is harmless: the queue row only holds counters, the line is
-// the ticket table, and every statement that needs the row (qTicketInsert,
-// qTicketNumber, qTicketTake) reports a missing row, which queue.go
-// creates again with qQueueCreate, seeded above every earlier fence and
-// ticket number, before it runs again.
+// A queue row is free when no ticket of its name exists and no live
+// session holds its head slot. The delete and the mark check that too, but
+// a ticket inserted while the delete runs may be missed (the check reads
+// the ticket table as of the statement's start). That is harmless: the
+// queue row only holds counters, the line is the ticket table, and every
+// statement that needs the row (qTicketInsert, qTicketNumber, qTicketTake,
+// qQueueTake) reports a missing row, which queue.go creates again with
+// qQueueCreate, seeded above every earlier fence and ticket number, before
+// it runs again. The head slot lives in the row itself, so the delete
+// reads it on the latest version of the row, under the row lock: a take of
+// the slot adds one to the fence, which voids the mark, and a take that
+// comes after the delete finds no row.
 const (
 	// qSweepElect elects the session that runs the next sweep pass, once per
 	// interval across every session of the tables: it succeeds only when no
@@ -653,7 +755,8 @@ const (
   AND ` + lockFree + `)`
 	lockMarkable = `((idle_since IS NULL OR idle_fence <> fence) AND ` + lockFree + `)`
 
-	queueBusy  = `EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name)`
+	queueBusy = `(EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name)
+  OR (holder <> 0 AND ` + slotHeldQueue + `))`
 	queueReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
   AND NOT ` + queueBusy + `)`
 	queueMarkable = `IF(` + queueBusy + `, idle_since IS NOT NULL, idle_since IS NULL OR idle_fence <> fence)`
@@ -716,6 +819,8 @@ const (
 	sTicketRelease
 	sTicketAhead
 	sTicketWant
+	sQueueTake
+	sQueueRelease
 	sSweepElect
 	sSweepHold
 	sSweepFloor
@@ -784,6 +889,8 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketRelease] = r.Replace(qTicketRelease)
 	q.prepared[sTicketAhead] = r.Replace(qTicketAhead)
 	q.prepared[sTicketWant] = r.Replace(qTicketWant)
+	q.prepared[sQueueTake] = r.Replace(qQueueTake)
+	q.prepared[sQueueRelease] = r.Replace(qQueueRelease)
 	q.prepared[sSweepElect] = r.Replace(qSweepElect)
 	q.prepared[sSweepHold] = r.Replace(qSweepHold)
 	q.prepared[sSweepFloor] = r.Replace(qSweepFloor)

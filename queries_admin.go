@@ -32,17 +32,24 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`
 	// alike, in line order: name, ticket number, mode (1 exclusive, 0
 	// shared), lease id, holder's label, microseconds since the holder's
 	// lease was created, and the name's last fence (the fence of its
-	// exclusive holder, if it has one that has taken the lock). Which of
-	// them hold the lock follows from the order, as in qCreateTicket.
+	// exclusive holder, if it has one that has taken the lock). A live
+	// holder of a name's head slot (see qCreateQueue) is listed as an
+	// exclusive ticket numbered 0, ahead of every ticket. Which of them
+	// hold the lock follows from the order, as in qCreateTicket.
 	qListTickets = qListTicketsFrom + qListTicketsOrder
 
 	// qListTicketsOf is qListTickets for one name. Args: name.
-	qListTicketsOf = qListTicketsFrom + ` AND t.name = ?` + qListTicketsOrder
+	qListTicketsOf = qListTicketsFrom + ` WHERE t.name = ?` + qListTicketsOrder
 
-	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, l.id, l.label,
-  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)), COALESCE(q.fence, 0)
+	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, t.id, t.label, t.held, t.fence FROM (
+SELECT t.name, t.seq, t.mode, l.id, l.label,
+  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)) AS held, COALESCE(q.fence, 0) AS fence
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder LEFT JOIN {queue} q ON q.name = t.name
-WHERE l.expires_at > UTC_TIMESTAMP(6)`
+WHERE l.expires_at > UTC_TIMESTAMP(6)
+UNION ALL
+SELECT q.name, 0, 1, l.id, l.label, TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)), q.fence
+FROM {queue} q JOIN {lease} l ON l.id = q.holder
+WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	qListTicketsOrder = ` ORDER BY t.name, t.seq`
 
 	// qForceRelease frees a Mutex's lock row that a live lease holds,

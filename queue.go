@@ -25,6 +25,11 @@ const (
 	modeExclusive = 1 // FairMutex, RWMutex writer
 )
 
+// headSlot is the ticket number that stands for a hold in the head slot
+// (see qCreateQueue, qQueueTake) in a localQueue's ticket, a waiter's and an
+// orphan's seq; ticket numbers are positive.
+const headSlot = -1
+
 // nextInLinePoll is how often a waiter polls when only the holder is ahead
 // of it, so that a handoff to another process costs milliseconds, not a
 // whole back-off period. A waiter with n tickets ahead polls every n times
@@ -42,7 +47,13 @@ type localQueue struct {
 	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
 
 	hold         // guarded by mu; the exclusive hold of this process, if any
-	ticket int64 // guarded by mu; the exclusive hold's ticket number
+	ticket int64 // guarded by mu; the exclusive hold's ticket number, or headSlot
+
+	// busy says that the last take of the head slot by this process found
+	// the lock held or waited for: its next exclusive Lock enqueues at once
+	// instead of trying the slot first, until an enqueue finds nothing
+	// ahead. Guarded by mu.
+	busy bool
 
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
@@ -59,42 +70,106 @@ type readHold struct {
 
 // waiter is a goroutine of this process with a ticket in the line.
 type waiter struct {
-	ticket, token int64
+	ticket, token int64 // ticket is headSlot for a hold in the head slot
 	mode          int
+	ahead         bool          // the enqueue saw a conflicting hold or ticket ahead
 	front         chan struct{} // closed when the waiter is first in the local line
 	kick          chan struct{} // a value means: poll now, the line may have moved
 }
 
 // enqueue gives the calling goroutine a ticket in mode and a place at the
-// end of the local line.
-func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode int) (*waiter, error) {
+// end of the local line. An exclusive waiter first tries the head slot
+// (qQueueTake) when nothing of this process holds or waits for the lock:
+// then it returns a waiter outside the line, with ticket headSlot, that
+// holds the lock, and its fence. Without wait an exclusive waiter never
+// takes a ticket: it returns nil (not obtained) when the slot is busy.
+func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
 	select {
 	case lq.enq <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, 0, ctx.Err()
 	case <-s.done:
-		return nil, s.Err()
+		return nil, 0, s.Err()
 	}
 	defer func() { <-lq.enq }()
 
 	token := s.nextToken()
-	ticket, err := s.insertTicket(ctx, name, token, mode)
-	if err != nil {
-		return nil, err
+	if mode == modeExclusive {
+		// Goroutines of this process enqueue one at a time (lq.enq), so
+		// when none holds or waits, none is ahead of this one.
+		lq.mu.Lock()
+		idle := !lq.held && len(lq.reads) == 0 && len(lq.line) == 0
+		try := idle && (!lq.busy || !wait)
+		lq.mu.Unlock()
+		if try {
+			fence, err := s.takeSlot(ctx, name, token)
+			if err != nil {
+				return nil, 0, err
+			}
+			if fence > 0 {
+				return &waiter{ticket: headSlot, token: token, mode: mode}, fence, nil
+			}
+			lq.mu.Lock()
+			lq.busy = true
+			lq.mu.Unlock()
+		}
+		if !wait {
+			return nil, 0, nil // held or waited for: TryLock never takes a ticket
+		}
 	}
-	w := &waiter{ticket: ticket, token: token, mode: mode, front: make(chan struct{}), kick: make(chan struct{}, 1)}
+	ticket, ahead, err := s.insertTicket(ctx, name, token, mode)
+	if err != nil {
+		return nil, 0, err
+	}
+	w := &waiter{ticket: ticket, token: token, mode: mode, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
 	lq.mu.Lock()
+	if !ahead {
+		lq.busy = false
+	}
 	lq.line = append(lq.line, w)
 	if len(lq.line) == 1 {
 		close(w.front)
 	}
 	lq.mu.Unlock()
-	return w, nil
+	return w, 0, nil
+}
+
+// takeSlot tries to take the head slot of name for an exclusive hold
+// (qQueueTake), creating the name's row when it is missing (see
+// insertTicket), and returns the new fence, or 0 when the lock is held or
+// tickets wait for it. After an error whose outcome is unknown it frees
+// the slot if the take landed.
+func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64, error) {
+	for creates := 0; ; creates++ {
+		res, err := s.exec(ctx, sQueueTake, -s.id, token, s.id, name)
+		var fence int64
+		if err == nil {
+			fence, err = res.LastInsertId()
+		}
+		switch {
+		case err != nil:
+			if !connpool.Reusable(err) || ctx.Err() != nil {
+				s.undo(ctx, orphan{name: name, token: token, ticket: true, seq: headSlot})
+			}
+			return 0, err
+		case fence == notAtHead:
+			return 0, nil
+		case fence > 0:
+			return fence, nil
+		case creates == maxCreates:
+			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
+		}
+		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+			return 0, err
+		}
+	}
 }
 
 // insertTicket inserts a ticket, creating the name's row when it is
-// missing, and returns its number. After an error whose outcome is unknown
-// it removes the ticket.
+// missing, and returns its number and whether the enqueue saw something
+// conflicting ahead of it (a live ticket, or the head slot held; see
+// qTicketInsert). After an error whose outcome is unknown it removes the
+// ticket.
 //
 // The name's row may go at any moment while no ticket of the name exists
 // (the sweep deletes free rows, see WithFreeRowAge; so may an operator),
@@ -109,16 +184,16 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // insert, so a sweep may delete it again meanwhile; that takes a pass
 // marking it and another one the free-row age later, so a few attempts
 // suffice.
-func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, error) {
+func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, bool, error) {
 	for creates := 0; ; creates++ {
-		var ticket int64
+		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
 		if s.galera {
-			ticket, err = s.insertTicketTx(ctx, name, token, mode)
+			number, err = s.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
-			if res, err = s.exec(ctx, sTicketInsert, s.id, token, mode, name); err == nil {
-				ticket, err = res.LastInsertId()
+			if res, err = s.exec(ctx, sTicketInsert, mode, s.id, token, mode, name); err == nil {
+				number, err = res.LastInsertId()
 			}
 		}
 		switch {
@@ -128,14 +203,14 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 			if !connpool.Reusable(err) || ctx.Err() != nil || (s.galera && !isErrNo(err, rolledBack...)) {
 				s.undo(ctx, orphan{name: name, token: token, ticket: true})
 			}
-			return 0, err
-		case ticket > 0:
-			return ticket, nil
+			return 0, false, err
+		case number > 1:
+			return number / 2, number%2 == 1, nil
 		case creates == maxCreates:
-			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
+			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
 		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
 }
@@ -143,11 +218,12 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 // insertTicketTx enqueues on a Galera cluster: the name's counter and the
 // ticket in one transaction (see qTicketNumber), run again while a
 // certification conflict with another node's enqueue rolls it back. It
-// returns 0 when the per-name row is missing.
+// returns qTicketNumber's answer: twice the ticket, plus 1 when something
+// conflicting is ahead, or 0 when the per-name row is missing.
 func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, mode int) (int64, error) {
-	var ticket int64
+	var number int64
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		number, err := c.Stmt(ctx, s.pool, int(sTicketNumber))
+		next, err := c.Stmt(ctx, s.pool, int(sTicketNumber))
 		if err != nil {
 			return err
 		}
@@ -156,23 +232,23 @@ func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, 
 			return err
 		}
 		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
-			ticket = 0
+			number = 0
 			err := s.enqueueTx(ctx, c, func() error {
-				res, err := number.ExecContext(ctx, name, name)
+				res, err := next.ExecContext(ctx, name, mode, name)
 				if err == nil {
-					ticket, err = res.LastInsertId()
+					number, err = res.LastInsertId()
 				}
-				if err != nil || ticket == 0 {
+				if err != nil || number == 0 {
 					return err
 				}
-				_, err = add.ExecContext(ctx, name, ticket, s.id, token, mode)
+				_, err = add.ExecContext(ctx, name, number/2, s.id, token, mode)
 				return err
 			})
 			return nil, err
 		})
 		return err
 	})
-	return ticket, err
+	return number, err
 }
 
 // enqueueTx runs f between BEGIN and COMMIT on c; when f or the COMMIT
@@ -203,15 +279,25 @@ func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() erro
 
 // checkTicket tells whether w holds the lock. It returns the number of
 // conflicting live tickets ahead of it (at least 1 when it only knows there
-// are some), and the fence when that is 0 and the ticket is exclusive. A
-// reader's check is a count of the writers ahead (readers take no fence,
-// so it writes nothing). An exclusive ticket's first check tries to take the
-// lock at once (qTicketTake, which writes only when the ticket is at the
-// head); later checks count the tickets ahead, reading only, and take the
-// lock when none is left. A missing per-name row (the sweep or an operator
-// deleted it, see insertTicket) is created again, its fence seeded above
-// every earlier one (see qFenceSeed).
+// are some), and the fence when that is 0 and the ticket is exclusive. The
+// first check uses what the enqueue saw (w.ahead): something conflicting
+// ahead then is still there or gone now, and nothing conflicting can come
+// ahead later, so a reader that saw nothing holds the lock without a
+// statement. A later reader's check is a count of the writers ahead
+// (readers take no fence, so it writes nothing). An exclusive ticket that
+// saw nothing ahead tries to take the lock at once (qTicketTake, which
+// writes only when the ticket is at the head); later checks count the
+// tickets ahead, reading only, and take the lock when none is left. A
+// missing per-name row (the sweep or an operator deleted it, see
+// insertTicket) is created again, its fence seeded above every earlier one
+// (see qFenceSeed).
 func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
+	switch {
+	case first && w.ahead:
+		return 1, 0, nil
+	case first && w.mode == modeShared:
+		return 0, 0, nil
+	}
 	if w.mode == modeShared || !first {
 		ahead, err = s.conflicts(ctx, name, 0, w.ticket, w.mode)
 		if err != nil || ahead > 0 || w.mode == modeShared {
@@ -245,7 +331,8 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 const maxCreates = 3
 
 // conflicts counts the live tickets of name between after and before
-// (exclusive) that a ticket in mode conflicts with.
+// (exclusive) that a ticket in mode conflicts with, plus 1 for a live
+// holder of the head slot.
 func (s *Session) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
 	var n int64
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
@@ -253,7 +340,7 @@ func (s *Session) conflicts(ctx context.Context, name string, after, before int6
 		if err != nil {
 			return err
 		}
-		return st.QueryRowContext(ctx, name, after, before, mode).Scan(&n)
+		return st.QueryRowContext(ctx, name, after, before, mode, name).Scan(&n)
 	})
 	return n, err
 }
@@ -380,11 +467,13 @@ func (lq *localQueue) kickFront() {
 	}
 }
 
-// acquireTicket enqueues and waits for the lock in mode. On any failure the
-// ticket is gone (removed, or recorded for the keep-alive to remove) and
-// the waiter has left the local line.
+// acquireTicket enqueues and waits for the lock in mode (or takes the head
+// slot, see enqueue). On any failure the ticket or slot is given back
+// (removed, or recorded for the keep-alive to remove) and the waiter has
+// left the local line. Without wait it returns no waiter and no error when
+// the lock was not free.
 func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
-	w, err := s.enqueue(ctx, name, lq, mode)
+	w, fence, err := s.enqueue(ctx, name, lq, mode, wait)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, 0, ctx.Err()
@@ -392,9 +481,14 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 		return nil, 0, s.Err()
 	case err != nil:
 		return nil, 0, err
+	case w == nil:
+		return nil, 0, nil
 	}
-	fence, ok, err := s.awaitTurn(ctx, name, lq, w, wait)
-	lq.leaveLine(w)
+	ok := w.ticket == headSlot
+	if !ok {
+		fence, ok, err = s.awaitTurn(ctx, name, lq, w, wait)
+		lq.leaveLine(w)
+	}
 	if ok {
 		// The turn came, but the session may have ended meanwhile (Close,
 		// or a lease lost while the check ran): then the hold is worth
@@ -412,9 +506,9 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 }
 
 // deleteTicket removes the ticket (number ticket, of token) of a hold that
-// is over, and rings the doorbell when a waiter left a marker behind it;
-// if that fails (ctx ended, or the database did not answer) the reaper
-// goroutine removes it at once.
+// is over, or frees the head slot (ticket headSlot), and rings the
+// doorbell when a waiter waits for it; if that fails (ctx ended, or the
+// database did not answer) the reaper goroutine removes it at once.
 func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token int64) error {
 	o := orphan{name: name, token: token, ticket: true, seq: ticket}
 	if _, err := s.free(ctx, o); err != nil {
@@ -422,6 +516,49 @@ func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token i
 		return err
 	}
 	return nil
+}
+
+// freeTicket removes the ticket o names, or frees the head slot (o.seq
+// headSlot), if this session's acquisition o.token still has it, and
+// reports whether it did (see Session.free). It rings the session's
+// doorbell when a waiter waits for it: a marker behind the ticket, or any
+// ticket behind the slot.
+func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
+	var res sql.Result
+	var err error
+	switch o.seq {
+	case 0:
+		// An enqueue whose outcome is unknown: no number, so no marker
+		// can be found; a waiter behind it wakes within bellWait.
+		return s.execChanged(ctx, sTicketDelete, o.name, s.id, o.token)
+	case headSlot:
+		res, err = s.exec(ctx, sQueueRelease, o.name, s.id, o.token)
+	default:
+		res, err = s.exec(ctx, sTicketRelease, o.name, s.id, o.token, o.seq+markerBase)
+	}
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err == nil && n == 0 && o.seq == headSlot {
+		// The slot was not this acquisition's, or the name's row is gone
+		// (an operator deleted it with the hold in it): waiters blocked on
+		// this session's doorbell for the slot would then wait bellWait,
+		// so ring anyway. A ring for nothing costs them one check.
+		s.ringBell()
+	}
+	if err != nil || n == 0 {
+		return false, err
+	}
+	ring := n > 1 // the ticket and a marker behind it
+	if o.seq == headSlot {
+		waiting, _ := res.LastInsertId()
+		ring = waiting == 1
+	}
+	if ring {
+		s.ringBell()
+	}
+	return true, nil
 }
 
 // queued is what FairMutex and RWMutex have in common: a name in the
@@ -489,12 +626,13 @@ func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	return true, nil // the reference now belongs to the hold
 }
 
-// join takes a ticket in mode and waits for its turn. Without wait (TryLock,
-// TryRLock) it first makes sure nothing in the line conflicts, so that it
-// never jumps the line. When it returns no waiter it has dropped the
-// caller's reference to lq.
+// join takes a ticket in mode (or the head slot) and waits for its turn.
+// Without wait (TryLock, TryRLock) it never jumps the line: TryLock takes
+// only the head slot, which is free only while nobody holds or waits;
+// TryRLock first makes sure nothing in the line conflicts. When it returns
+// no waiter it has dropped the caller's reference to lq.
 func (q *queued) join(ctx context.Context, lq *localQueue, mode int, wait bool, op string) (*waiter, int64, error) {
-	if !wait {
+	if !wait && mode == modeShared {
 		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, mode); err != nil || n > 0 {
 			q.s.queues.unref(q.name)
 			return nil, 0, q.wrap(op, err)

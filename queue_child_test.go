@@ -164,13 +164,15 @@ func (d *driver) quiet(t *testing.T, within time.Duration) {
 	}
 }
 
-// waitTickets waits until name has n tickets in the line (held or waiting).
+// waitTickets waits until name has n tickets in the line (held or waiting),
+// a holder of the head slot counted as one.
 func waitTickets(t *testing.T, db *sql.DB, name string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var got int
-		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0", name).Scan(&got); err != nil {
+		if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0)
+  + (SELECT COUNT(*) FROM dsync_queue WHERE name = ? AND holder <> 0)`, name, name).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
 		if got == n {

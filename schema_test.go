@@ -147,16 +147,16 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 	db := dbtest.Open(t)
 	s := newSession(t)
 	name := lockName(t)
-	fm := dsync.NewFairMutex(s, name)
-	if err := fm.Lock(bg); err != nil { // creates the name's row
-		t.Fatalf("Lock: got %v; want <nil>", err)
+	rw := dsync.NewRWMutex(s, name)      // readers always take tickets (no head slot)
+	if err := rw.RLock(bg); err != nil { // creates the name's row
+		t.Fatalf("RLock: got %v; want <nil>", err)
 	}
 	var first int64
 	if err := db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ?", name).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	if err := fm.Unlock(bg); err != nil {
-		t.Fatalf("Unlock: got %v; want <nil>", err)
+	if err := rw.RUnlock(bg); err != nil {
+		t.Fatalf("RUnlock: got %v; want <nil>", err)
 	}
 
 	tx, err := db.BeginTx(bg, nil)
@@ -174,11 +174,11 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 	}
 	locked, unlock, errc := make(chan error, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
-		err := fm.Lock(bg)
+		err := rw.RLock(bg)
 		locked <- err
 		if err == nil {
 			<-unlock
-			errc <- fm.Unlock(bg)
+			errc <- rw.RUnlock(bg)
 		}
 	}()
 	// Wait until the enqueue is blocked on the row, then commit.
@@ -187,13 +187,13 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-locked; err != nil {
-		t.Fatalf("Lock behind the other enqueue: got %v; want <nil>", err)
+		t.Fatalf("RLock behind the other enqueue: got %v; want <nil>", err)
 	}
 	var mine int64
 	err = db.QueryRow("SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&mine)
 	close(unlock)
 	if uerr := <-errc; uerr != nil {
-		t.Errorf("Unlock: got %v; want <nil>", uerr)
+		t.Errorf("RUnlock: got %v; want <nil>", uerr)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -226,8 +226,8 @@ type Session struct {
 type orphan struct {
 	name   string // lock name
 	token  int64
-	ticket bool      // a queued lock's ticket rather than a lock row
-	seq    int64     // the ticket's number, when known (0: not known)
+	ticket bool      // a queued lock's ticket (or head slot) rather than a lock row
+	seq    int64     // the ticket's number, when known (0: not known), or headSlot
 	since  time.Time // when it was recorded
 }
 
@@ -1095,18 +1095,10 @@ func (s *Session) closing() bool {
 // session's doorbell when they do (see bell.go): a lock row whose
 // wanted_until is current, a ticket with a waiter's marker behind it.
 func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
-	if o.ticket && o.seq == 0 {
-		// An enqueue whose outcome is unknown: no number, so no marker
-		// can be found; a waiter behind it wakes within bellWait.
-		return s.execChanged(ctx, sTicketDelete, o.name, s.id, o.token)
-	}
-	var res sql.Result
-	var err error
 	if o.ticket {
-		res, err = s.exec(ctx, sTicketRelease, o.name, s.id, o.token, o.seq+markerBase)
-	} else {
-		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+		return s.freeTicket(ctx, o) // see queue.go
 	}
+	res, err := s.exec(ctx, sLockRelease, o.name, s.id, o.token)
 	if err != nil {
 		return false, err
 	}
@@ -1114,10 +1106,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	if err != nil || n == 0 {
 		return false, err
 	}
-	if o.ticket && n > 1 {
-		s.ringBell() // the ticket and a marker behind it
-	}
-	if wanted, _ := res.LastInsertId(); !o.ticket && wanted == 1 {
+	if wanted, _ := res.LastInsertId(); wanted == 1 {
 		s.ringBell()
 	}
 	return true, nil
