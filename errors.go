@@ -48,11 +48,11 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently (schema version 4 added the queued locks' head slot,
-	// version 3 the clean-up of free rows); dsync never alters tables. To
-	// move to this version, stop every process of
-	// the old one, drop the five tables of the prefix (schema, lease, lock,
-	// queue and ticket), and start the new processes, which create them
+	// differently (schema version 4 added the queued locks' head slot and
+	// the txlock table, version 3 the clean-up of free rows); dsync never
+	// alters tables. To move to this version, stop every process of the old
+	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
+	// and, if present, txlock), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in
 	// microseconds, above the old ones. Or give this version a prefix of its
 	// own (WithTablePrefix); the locks of the two versions are then apart,

@@ -147,9 +147,7 @@ const (
 // so a transaction waiting for a row here waits for another transaction,
 // where the database sees a deadlock. A row is deleted once the hold that
 // last used it is over; rows outlive their use only when the session
-// ended during the hold. It is an addition to schema version 3: NewSession
-// creates it when it is missing, and dsync versions without LockTx ignore
-// it.
+// ended during the hold.
 const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
   name    VARBINARY(255) NOT NULL PRIMARY KEY,
   used_at DATETIME(6)    NOT NULL
@@ -160,7 +158,7 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // version 2 had no doorbells (lease.bell, lock.wanted_until) and no sweep
 // columns (idle_since, idle_fence, swept_at, deleted_fence); version 3 had
 // no head slot (queue.holder, queue.token), so its code would not see a
-// lock held there.
+// lock held there, and no txlock table (Mutex.LockTx).
 const schemaVersion = 4
 
 // qFenceSeed is the first fence of a row created anew: the greater of the
