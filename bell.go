@@ -250,7 +250,10 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	s.armBell() // waiters behind this one wait on its doorbell
 	want := (bellWait + 2*time.Second).Microseconds()
 	st.wanted = true
-	if _, err := s.exec(ctx, sLockWant, want, s.id, s.id, s.id, want, m.name); err != nil {
+	if _, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, s.id, s.id, want, m.name); isErrNo(err, 1205) {
+		// A transaction holds the row (LockTx): the session that handed it
+		// over rings its doorbell when the transaction ends, wanted or not.
+	} else if err != nil {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return false
 	}

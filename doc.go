@@ -43,7 +43,7 @@
 // lock, one row per Mutex name in use; queue, one row per FairMutex or
 // RWMutex name in use; ticket, one row per waiter or holder of those;
 // txlock, one row per Mutex name that a transaction holds or waits for
-// ([Mutex.LockTx]), deleted when the hold is over. Rows
+// ([Mutex.LockTx]). Rows
 // of lock and queue that have been free for an hour ([WithFreeRowAge]) are
 // deleted in the background, and a row created anew starts its fences
 // above every fence its name had, so fences never go back. See queries.go

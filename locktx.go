@@ -31,11 +31,11 @@ import (
 //     meanwhile: the hold does not depend on the lease.
 //
 // A rollback restores the row as the session held it. A goroutine of the
-// session waits for the end of the transaction (its release of the row
-// waits for the transaction's row lock), frees the row when the
-// transaction rolled back, rings the doorbell, ends the hold in the
-// process (whose goroutines wait for it locally, as for a Lock hold), and
-// deletes the transaction-lock row.
+// session waits for the end of the transaction (see awaitTxEnd), frees the
+// row when the transaction rolled back, rings the doorbell, and ends the
+// hold in the process (whose goroutines wait for it locally, as for a Lock
+// hold). While the transaction runs, the statements with which others
+// write the lock row do not wait for it (see execNoWait).
 
 // LockTx acquires the lock for the caller's transaction tx: the lock is
 // held until tx commits or rolls back, so what tx writes and the lock's
@@ -70,7 +70,16 @@ import (
 //
 // A LockTx hold counts in the session's [Stats] as a Lock does ([Session.Stats]),
 // has a fence ([Mutex.Fence], until the process learns that tx ended), and
-// costs a connection of the session's while tx runs (it waits for the end).
+// takes a connection of its own from the session's *sql.DB while tx runs,
+// blocked until tx ends, when that *sql.DB has no connection limit (else
+// the session checks for the end now and then, on its own connections).
+//
+// At REPEATABLE READ, read what the lock protects after LockTx: a snapshot
+// taken by a read before it may predate the previous holder's commit. tx
+// must still be in its transaction: after a COMMIT (or an implicitly
+// committing statement) run through it, LockTx returns [ErrNotHeld]. It
+// checks that with MariaDB's @@in_transaction; on MySQL it returns an
+// error wrapping [errors.ErrUnsupported].
 //
 // On a Galera cluster LockTx returns an error wrapping
 // [errors.ErrUnsupported]: row locks are per node there, so a transaction
@@ -123,7 +132,10 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	}
 	// 1. The transaction-lock row, before anything local: two transactions
 	// of this process that lock names in opposite orders must meet in the
-	// database, which sees the deadlock.
+	// database, which sees the deadlock. It is created outside tx.
+	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, 1062) {
+		return false, err
+	}
 	if got, err := m.txLock(ctx, tx, q, wait); !got || err != nil {
 		return false, err
 	}
@@ -152,8 +164,13 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	if err == nil {
 		n, err = res.RowsAffected()
 	}
-	if err == nil && n != 1 {
-		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (its lease ended, or tx is on another server)", ErrNotHeld)
+	switch {
+	case err == nil && n != 1:
+		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (tx is in no transaction, or on another server, or the session's lease ended)", ErrNotHeld)
+	case isErrNo(err, 1213):
+		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
+	case isErrNo(err, 1193):
+		err = fmt.Errorf("%w: LockTx needs MariaDB (@@in_transaction): %w", errors.ErrUnsupported, err)
 	}
 	if err == nil {
 		err = m.s.Err()
@@ -190,7 +207,16 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 // not at all when wait is false, else waiting in the database. It reports
 // whether tx has it.
 func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool) (bool, error) {
-	nowait := !wait || !q.rollbackOnTimeout
+	nowait := (!wait || !q.rollbackOnTimeout) && !m.s.noWaitOff.Load()
+	if !wait && !nowait {
+		// No statement that does not wait (MySQL): wait in the database
+		// only when the lock row is not held now, so that a TryLockTx
+		// waits at most for a transaction that is taking the lock.
+		held, err := m.s.lockTaken(ctx, m.name)
+		if err != nil || held {
+			return false, err
+		}
+	}
 	for {
 		stmt := q.lock
 		if nowait {
@@ -205,18 +231,8 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 			return true, nil
 		case isErrNo(err, 1213):
 			return false, fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
-		case nowait && isErrNo(err, 1064):
-			// No SET STATEMENT (MySQL): wait in the database, but for a
-			// TryLockTx only when the lock row is not held now, so that it
-			// waits at most for a transaction that is taking the lock.
-			if !wait {
-				held, err := m.s.lockTaken(ctx, m.name)
-				if err != nil || held {
-					return false, err
-				}
-			}
-			nowait, wait = false, true
-			continue
+		case nowait && m.s.noWaitRefused(err):
+			return m.txLock(ctx, tx, q, wait) // without SET STATEMENT from now on
 		case !isErrNo(err, 1205) || ctx.Err() != nil:
 			return false, err
 		case !wait:
@@ -305,56 +321,68 @@ func (s *Session) stopTxHolds() {
 // keeps for the next ones.
 const txIdleConns = 4
 
-// awaitTxEnd waits for the transaction of a LockTx hold to end: its release
-// of the lock row (qLockRelease, by the hold's token) waits for the
-// transaction's row lock, up to the lock wait timeout of qSetSession at
-// a time. A commit has freed
-// the row (the release changes nothing); after a rollback the release
-// frees it. Then it rings the doorbell (waiters of other sessions may wait
-// on it: the row read as held by this session), ends the hold in the
-// process, and deletes the transaction-lock row. When the session ends
-// first, the hold ends in the process only; the transaction keeps the row
-// until it ends, and the lease's end frees it after a rollback.
+// txPollMax is the longest pause between two checks of a transaction's end
+// where the session does not block on it (a *sql.DB with a connection
+// limit: see awaitTxEnd).
+const txPollMax = 500 * time.Millisecond
+
+// awaitTxEnd waits for the transaction of a LockTx hold to end, and ends
+// the hold: a commit has freed the row, and the release of the row by the
+// hold's token (qLockRelease) changes nothing; after a rollback the release
+// frees it. Then it rings the doorbell (waiters of other sessions wait on
+// it: the row reads as held by this session), and ends the hold in the
+// process. Where the *sql.DB has no connection limit (as for doorbells),
+// the release blocks on a connection of its own until the transaction's
+// row lock goes, up to the lock wait timeout of qSetSession at a time;
+// else it runs on the session's connections without waiting
+// (execNoWait), as often as the back-off (up to txPollMax) says, so that
+// it never takes a connection of the caller's share. When the session
+// ends first, the hold ends in the process only; the transaction keeps the
+// row until it ends, and the lease's end frees it after a rollback.
 func (s *Session) awaitTxEnd(l *localLock, name string, token int64) {
 	defer s.txHolds.Done()
 	ctx := s.stopped
-	c := s.txConn()
+	var c *connpool.Conn
+	if s.bell.allowed {
+		c = s.txConn()
+	}
 	ended := false
-	for pause := 10 * time.Millisecond; !ended && ctx.Err() == nil; {
+	pause := time.Millisecond
+	for !ended && ctx.Err() == nil {
 		var err error
-		if c == nil {
+		switch {
+		case !s.bell.allowed:
+			_, err = s.execNoWait(ctx, sLockRelease, sLockReleaseNoWait, name, s.id, token)
+		case c == nil:
 			c, err = s.pool.Dedicated(ctx)
 		}
-		var res sql.Result
-		if err == nil {
-			res, err = s.execOn(ctx, c, sLockRelease, name, s.id, token)
+		if err == nil && c != nil {
+			_, err = s.execOn(ctx, c, sLockRelease, name, s.id, token)
 		}
 		switch {
 		case err == nil:
 			ended = true
-			n, _ := res.RowsAffected()
-			if wanted, _ := res.LastInsertId(); n == 0 || wanted == 1 {
-				s.ringBell()
-			}
-		case isErrNo(err, 1205):
-			// The transaction still runs.
-		default:
-			if ctx.Err() == nil {
-				s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
-					"lock", name, "kind", kindMutex, "err", err)
-			}
+			continue
+		case isErrNo(err, 1205) && c != nil:
+			continue // the transaction still runs
+		case !isErrNo(err, 1205) && ctx.Err() == nil:
+			s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
+				"lock", name, "kind", kindMutex, "err", err)
 			if c != nil {
 				c.Close()
 				c = nil
 			}
-			t := time.NewTimer(pause)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-			}
-			pause = min(2*pause, time.Second)
 		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		pause = min(2*pause, txPollMax)
+	}
+	if ended {
+		s.ringBell()
 	}
 	l.mu.Lock()
 	if l.held && l.token == token {
@@ -363,20 +391,11 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token int64) {
 	l.mu.Unlock()
 	l.leave()
 	s.locks.unref(name)
-	if !ended {
-		if c != nil {
-			c.Close()
-		}
-		return
-	}
-	// Best effort: a row another transaction holds by now is deleted when
-	// that hold ends.
-	if _, err := s.execOn(ctx, c, sTxLockDelete, name); err != nil && !isErrNo(err, 1205) {
-		c.Close()
+	if c == nil {
 		return
 	}
 	s.mu.Lock()
-	if len(s.txConns) < txIdleConns && !s.txClosed {
+	if ended && len(s.txConns) < txIdleConns && !s.txClosed {
 		s.txConns = append(s.txConns, c)
 		c = nil
 	}

@@ -557,3 +557,178 @@ func TestLockTxConnectionKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLockTxOutsideATransaction: a tx whose connection ran COMMIT itself
+// (or a statement that commits implicitly) is in no transaction any more;
+// LockTx must not report a hold there (its statements would commit at
+// once, leaving the lock free), and must not leave the lock held.
+func TestLockTxOutsideATransaction(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s1, s2 := newSession(t), newSession(t)
+	name := lockName(t)
+	tx := beginTx(t, db, sql.LevelRepeatableRead)
+	if _, err := tx.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dsync.NewMutex(s1, name).LockTx(ctx, tx); !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("LockTx after the transaction committed: got %v; want ErrNotHeld", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m2 := dsync.NewMutex(s2, name)
+	if err := m2.Lock(lctx); err != nil {
+		t.Fatalf("Lock after the refused LockTx: got %v; want nil", err)
+	}
+	m2.Unlock(ctx)
+}
+
+// TestLockTxWaitersOfARolledBackHold: two transactions of other sessions
+// wait for a name whose first LockTx rolls back; both get it in turn, with
+// no deadlock reported (there is none: one name).
+func TestLockTxWaitersOfARolledBackHold(t *testing.T) {
+	for _, iso := range isolations {
+		t.Run(iso.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			db := dbtest.Open(t)
+			s1, s2, s3 := newSession(t), newSession(t), newSession(t)
+			for round := range 3 {
+				name := fmt.Sprintf("%s/%d", lockName(t), round) // a new row each round
+				tx1 := beginTx(t, db, iso)
+				if err := dsync.NewMutex(s1, name).LockTx(ctx, tx1); err != nil {
+					t.Fatal(err)
+				}
+				errs := make(chan error, 2)
+				for _, s := range []*dsync.Session{s2, s3} {
+					go func() {
+						tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
+						if err == nil {
+							if err = dsync.NewMutex(s, name).LockTx(ctx, tx); err == nil {
+								err = tx.Commit()
+							} else {
+								tx.Rollback()
+							}
+						}
+						errs <- err
+					}()
+				}
+				time.Sleep(100 * time.Millisecond) // both wait
+				if err := tx1.Rollback(); err != nil {
+					t.Fatal(err)
+				}
+				for range 2 {
+					if err := <-errs; err != nil {
+						t.Fatalf("round %d: a waiter of the rolled-back hold: %v", round, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLockTxLeavesTheCallersConnections: with a *sql.DB limited to two
+// connections (dsync keeps one), a LockTx hold takes no connection of the
+// caller's share, during the hold or after it.
+func TestLockTxLeavesTheCallersConnections(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	db.SetMaxOpenConns(2)
+	s := newSession(t)
+	m := dsync.NewMutex(s, lockName(t))
+	for range 3 {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.LockTx(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		tx2, err := db.BeginTx(bctx, nil)
+		if err != nil {
+			cancel()
+			t.Fatalf("BeginTx after a LockTx hold: %v (open %d, in use %d)", err, db.Stats().OpenConnections, db.Stats().InUse)
+		}
+		tx2.Rollback()
+		cancel()
+	}
+}
+
+// TestLockWaitersOnTransactionHoldsKeepTheSessionUsable: Lock waiters of one
+// session on names that transactions hold do not occupy the session's
+// connections: the session's Unlock of another name, and a TryLock of a
+// free one, go through at once.
+func TestLockWaitersOnTransactionHoldsKeepTheSessionUsable(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	holder, waiter := newSession(t), newSession(t)
+	base := lockName(t)
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		name := fmt.Sprintf("%s/held%d", base, i)
+		tx := beginTx(t, db, sql.LevelReadCommitted)
+		if err := dsync.NewMutex(holder, name).LockTx(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := dsync.NewMutex(waiter, name).Lock(wctx); err == nil {
+				t.Errorf("Lock of %s returned while a transaction held it", name)
+			}
+		}()
+	}
+	defer func() { cancel(); wg.Wait() }()
+	time.Sleep(300 * time.Millisecond) // the waiters wait
+	other := dsync.NewMutex(waiter, base+"/other")
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	uctx, ucancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ucancel()
+	if err := other.Unlock(uctx); err != nil {
+		t.Fatalf("Unlock beside Lock waiters on transaction holds: %v", err)
+	}
+	if ok, err := dsync.NewMutex(waiter, base+"/free").TryLock(uctx); !ok || err != nil {
+		t.Fatalf("TryLock of a free name beside them: got %v, %v; want true, nil", ok, err)
+	}
+}
+
+// TestSweepDeletesIdleTxLockRows: the sweep deletes transaction-lock rows
+// unused for the free-row age, and skips one that a transaction holds.
+func TestSweepDeletesIdleTxLockRows(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t, dsync.WithFreeRowAge(0))
+	base := lockName(t)
+	for i := range 3 {
+		tx := beginTx(t, db, sql.LevelReadCommitted)
+		if err := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i)).LockTx(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	count := func() (n int) {
+		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_txlock WHERE name LIKE ?", base+"/%").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("txlock rows after three LockTx: got %d; want 3", n)
+	}
+	time.Sleep(10 * time.Millisecond)
+	dsync.SweepPass(s, time.Millisecond)
+	if n := count(); n != 1 {
+		t.Fatalf("txlock rows after a sweep with one held: got %d; want 1", n)
+	}
+}

@@ -244,30 +244,23 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 	}
 }
 
-// tryAcquire is acquire's one attempt for TryLock, with the statements of
-// Lock's first attempt in their variants that do not wait for a row lock:
-// a transaction holding the lock (LockTx) keeps its row locked until it
-// ends. Where the server has no such variant (MySQL), it reads the row
-// first, and then waits at most for the lock wait timeout (qSetSession)
-// when a transaction whose session has ended holds the row.
+// tryAcquire is acquire's one attempt for TryLock: the statements of Lock's
+// first attempt, which do not wait for a transaction holding the row
+// (LockTx; see execNoWait). Where the server has no statements that do not
+// wait (MySQL), it reads the row first, and then waits at most for the
+// lock wait timeout (qSetSession) when a transaction whose session has
+// ended holds the row.
 func (m *Mutex) tryAcquire(ctx context.Context) (fence, token int64, err error) {
 	token = m.s.nextToken()
-	if fast := m.s.noWait(sLockAcquireFast, sLockAcquireFastNoWait); fast == sLockAcquireFastNoWait {
-		fence, err = m.s.tryRow(ctx, m.name, token, fast)
-		if err == nil && fence == 0 {
-			fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquireNoWait)
-		}
-		if !m.s.noWaitRefused(err) {
-			return fence, token, err
+	if m.s.noWaitOff.Load() {
+		taken, err := m.s.lockTaken(ctx, m.name)
+		if err != nil || taken {
+			return 0, 0, err
 		}
 	}
-	taken, err := m.s.lockTaken(ctx, m.name)
-	if err != nil || taken {
-		return 0, 0, err
-	}
-	fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquireFast)
+	fence, err = m.s.acquireRow(ctx, m.name, token, true)
 	if err == nil && fence == 0 {
-		fence, err = m.s.tryRow(ctx, m.name, token, sLockAcquire)
+		fence, err = m.s.acquireRow(ctx, m.name, token, false)
 	}
 	return fence, token, err
 }
@@ -309,7 +302,12 @@ func (s *Session) starveAfter() time.Duration {
 // reports whether the claim is its own now. A failure only means waiting
 // as before.
 func (m *Mutex) claim(ctx context.Context) bool {
-	ok, err := m.s.execChanged(ctx, sLockClaim, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
+	res, err := m.s.execNoWait(ctx, sLockClaim, sLockClaimNoWait, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	ok := n > 0
 	if err != nil {
 		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -325,7 +323,12 @@ func (m *Mutex) claim(ctx context.Context) bool {
 func (m *Mutex) unclaim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
-	dropped, err := m.s.execChanged(ctx, sLockUnclaim, m.name, m.s.id)
+	res, err := m.s.execNoWait(ctx, sLockUnclaim, sLockUnclaimNoWait, m.name, m.s.id)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	dropped := n > 0
 	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}

@@ -145,9 +145,9 @@ const (
 // for, locked (never changed in a way anyone reads) by the transaction
 // until it ends. Only LockTx and the session that made the hold touch it,
 // so a transaction waiting for a row here waits for another transaction,
-// where the database sees a deadlock. A row is deleted once the hold that
-// last used it is over; rows outlive their use only when the session
-// ended during the hold.
+// where the database sees a deadlock. Rows are created outside the
+// transactions (qTxLockCreate) and kept; the sweep deletes those unused for
+// the free-row age (qTxLockSweepDelete).
 const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
   name    VARBINARY(255) NOT NULL PRIMARY KEY,
   used_at DATETIME(6)    NOT NULL
@@ -187,12 +187,14 @@ const qFenceSeed = `GREATEST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', U
 // SIMULTANEOUS_ASSIGNMENT (the statements below rely on assignments running
 // left to right), READ COMMITTED (no gap locks, and subqueries of
 // writes read without locking, so they never block a lease renewal), and
-// a lock wait timeout of 5s instead of the server's (50s by default): a
-// row lock that dsync's own statements wait for is held for a statement,
-// except by a caller's transaction (Mutex.LockTx), and a wait for such a
-// transaction ends, and is tried again, within that time, also on the
-// server when the client has gone (a closed connection, a TryLock). Such a
-// connection is never handed back to the caller's pool (see connpool).
+// a lock wait timeout of 5s instead of the server's (50s by default): the
+// row locks that dsync's own statements wait for are held for a statement;
+// its lock statements do not wait for a caller's transaction holding a
+// lock row (Mutex.LockTx; see execNoWait), and what else meets one (the
+// wait for its end, a release after a lost lease, a statement on MySQL,
+// which has no no-wait variants) gives up within that time, also on the
+// server when the client has gone. Such a connection is never handed back
+// to the caller's pool (see connpool).
 const (
 	qSetSession = `SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION',
   SESSION time_zone = '+00:00', SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = 5`
@@ -371,8 +373,12 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// acquirer writes the row and so waits for that end; a reader of the
 	// committed row sees it held by the session. Args: name, lease id,
 	// token. RowsAffected 1: handed over; 0: the session no longer holds
-	// it.
-	qTxHold = `UPDATE {lock} SET holder = 0, token = 0 WHERE name = ? AND holder = ? AND token = ?`
+	// it, or tx's connection is in no transaction (tx ran a COMMIT or an
+	// implicitly committing statement, or was rolled back by a lock wait
+	// timeout): then the UPDATE would commit at once. @@in_transaction is
+	// MariaDB's; MySQL answers 1193 (unknown variable), and LockTx
+	// reports that it needs MariaDB.
+	qTxHold = `UPDATE {lock} SET holder = 0, token = 0 WHERE name = ? AND holder = ? AND token = ? AND @@in_transaction = 1`
 
 	// qTxRollbackOnTimeout reads, in the caller's transaction after a lock
 	// wait timeout, whether that timeout rolled back the whole transaction
@@ -385,12 +391,27 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// wait timeout rolls back the whole transaction on this server.
 	qTxSession = `SELECT DATABASE(), @@innodb_rollback_on_timeout`
 
-	// qTxLockDelete deletes the name's transaction-lock row once the hold
-	// that used it is over; when another transaction holds it by then, it
-	// times out (qTxLockWait) and that hold's own end deletes it (see
-	// qSetSession's lock wait timeout). Args:
-	// name.
-	qTxLockDelete = `DELETE FROM {txlock} WHERE name = ?`
+	// qTxLockCreate creates the name's transaction-lock row, on a session
+	// connection, unless it exists: its check is a plain read, which never
+	// waits for a transaction holding the row. (Inserted in the caller's
+	// transaction instead, a row that two transactions waited for would
+	// vanish with a rollback of its inserter, and the two would meet in a
+	// deadlock the database reports, 1213, though the names were locked in
+	// one order.) Args: name, name. Error 1062: another session created it
+	// meanwhile.
+	qTxLockCreate = `INSERT INTO {txlock} (name, used_at)
+SELECT ?, UTC_TIMESTAMP(6) FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {txlock} WHERE name = ?)`
+
+	// qTxLockIdle lists up to limit transaction-lock rows unused for age
+	// microseconds, for the sweep (a plain read: no locks). Args: age,
+	// limit.
+	qTxLockIdle = `SELECT name FROM {txlock} WHERE used_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT ?`
+
+	// qTxLockSweepDelete deletes one transaction-lock row still unused for
+	// age microseconds (the sweep runs its no-wait variant, which skips a
+	// row a transaction holds). A LockTx that finds its row gone meanwhile
+	// creates it again in its transaction (qTxLock). Args: name, age.
+	qTxLockSweepDelete = `DELETE FROM {txlock} WHERE name = ? AND used_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
 )
 
 // Doorbell statements (see bell.go). GET_LOCK names are per server (not per
@@ -831,11 +852,18 @@ const (
 	sQueueSweepRead
 	sQueueSweepDelete
 	sQueueSweepMark
-	sTxLockDelete
 	sLockAcquireFastNoWait
 	sLockAcquireNoWait
 	sLockSweepDeleteNoWait
 	sLockSweepMarkNoWait
+	sLockWantNoWait
+	sLockClaimNoWait
+	sLockUnclaimNoWait
+	sLockReleaseNoWait
+	sTxLockCreate
+	sTxLockIdle
+	sTxLockSweepDelete
+	sTxLockSweepDeleteNoWait
 	numStmts
 )
 
@@ -901,11 +929,18 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueSweepRead] = r.Replace(qQueueSweepRead)
 	q.prepared[sQueueSweepDelete] = r.Replace(qQueueSweepDelete)
 	q.prepared[sQueueSweepMark] = r.Replace(qQueueSweepMark)
-	q.prepared[sTxLockDelete] = r.Replace(qTxLockDelete)
 	q.prepared[sLockAcquireFastNoWait] = noWaitSQL + r.Replace(qLockAcquireFast)
 	q.prepared[sLockAcquireNoWait] = noWaitSQL + r.Replace(qLockAcquire)
 	q.prepared[sLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qLockSweepDelete)
 	q.prepared[sLockSweepMarkNoWait] = noWaitSQL + r.Replace(qLockSweepMark)
+	q.prepared[sLockWantNoWait] = noWaitSQL + r.Replace(qLockWant)
+	q.prepared[sLockClaimNoWait] = noWaitSQL + r.Replace(qLockClaim)
+	q.prepared[sLockUnclaimNoWait] = noWaitSQL + r.Replace(qLockUnclaim)
+	q.prepared[sLockReleaseNoWait] = noWaitSQL + r.Replace(qLockRelease)
+	q.prepared[sTxLockCreate] = r.Replace(qTxLockCreate)
+	q.prepared[sTxLockIdle] = r.Replace(qTxLockIdle)
+	q.prepared[sTxLockSweepDelete] = r.Replace(qTxLockSweepDelete)
+	q.prepared[sTxLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qTxLockSweepDelete)
 	return q
 }
 

@@ -580,14 +580,24 @@ func (s *Session) pastDeadline() bool {
 	return time.Since(s.origin) >= time.Duration(s.deadline.Load())
 }
 
-// end records why the session ended and closes Done; the first call wins.
-func (s *Session) end(err error) bool {
+// end records why the session ended and closes Done; the first call wins,
+// and runs record (when not nil) before Done closes, so that whoever
+// wakes on Done finds the record written.
+// (Err reports the end from the start; record runs outside the session's
+// mutex, so a log handler may call the session.)
+func (s *Session) end(err error, record func()) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.err != nil {
+	first := s.err == nil
+	if first {
+		s.err = err
+	}
+	s.mu.Unlock()
+	if !first {
 		return false
 	}
-	s.err = err
+	if record != nil {
+		record()
+	}
 	close(s.done)
 	return true
 }
@@ -688,8 +698,9 @@ func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
 // lose ends the session as lost: its lease may end on the server at any
 // moment, so nothing it holds is worth freeing, and its connections go.
 func (s *Session) lose(cause error) {
-	if s.end(ErrSessionExpired) {
+	if s.end(ErrSessionExpired, func() {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
+	}) {
 		s.stop()
 		s.waiters.closeIdle()
 		s.release.Do(func() { releasePool(s.db, s.q) })
@@ -881,7 +892,7 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	s.mu.Unlock()
-	lost := !s.end(ErrSessionClosed)
+	lost := !s.end(ErrSessionClosed, nil)
 	s.stop()
 	<-s.renewer
 	<-s.reaper
@@ -969,10 +980,22 @@ func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Re
 // (1ms, 2ms, ... up to 64ms), so that statements that conflicted on a
 // cluster do not meet again at once.
 func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.Result, error) {
+	return retryRolledBackN(ctx, run, maxRetries)
+}
+
+// retryRolledBackN is retryRolledBack with at most lockWaits retries after a
+// lock wait timeout (1205).
+func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockWaits int) (sql.Result, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := run()
 		if !isErrNo(err, rolledBack...) || attempt == maxRetries || ctx.Err() != nil {
 			return res, err
+		}
+		if isErrNo(err, 1205) {
+			if lockWaits == 0 {
+				return res, err
+			}
+			lockWaits--
 		}
 		if attempt > 0 {
 			d := rand.N(time.Millisecond << min(attempt, 6))
@@ -990,7 +1013,8 @@ func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.R
 // acquireRow makes one attempt to take the lock row for name, with the
 // cheap statement for a row that exists and is free when fast is set (a miss
 // then says nothing about the row), else with the statement that handles
-// every state of the row. It returns the new fence, or 0 when not taken.
+// every state of the row; neither waits for a transaction holding the row
+// (see execNoWait): that counts as held. It returns the new fence, or 0 when not taken.
 // Its outcome is unknown when the statement failed other than by a server
 // error (the connection broke, ctx ended): then the attempt is undone
 // (see undo) before the error is returned, so that no row is left held
@@ -999,9 +1023,12 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 	var res sql.Result
 	var err error
 	if fast {
-		res, err = s.exec(ctx, sLockAcquireFast, s.id, token, name, s.id)
+		res, err = s.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, s.id, token, name, s.id)
 	} else {
-		res, err = s.exec(ctx, sLockAcquire, name, s.id, token, s.id, -s.id, token, s.id)
+		res, err = s.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, s.id, token, s.id, -s.id, token, s.id)
+	}
+	if isErrNo(err, 1205) {
+		return 0, nil // a transaction holds it (LockTx)
 	}
 	if err != nil {
 		if !connpool.Reusable(err) || ctx.Err() != nil {
@@ -1012,32 +1039,38 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast
 	return res.LastInsertId()
 }
 
-// tryRow is acquireRow for TryLock: stmt is sLockAcquireFast or
-// sLockAcquire, or their variants that do not wait for a row lock
-// (sLockAcquireFastNoWait, sLockAcquireNoWait), run once; a lock wait
-// timeout (1205) is the row being written by another statement or held by
-// a transaction (Mutex.LockTx): taken, 0.
-func (s *Session) tryRow(ctx context.Context, name string, token int64, stmt stmtIndex) (int64, error) {
-	args := []any{name, s.id, token, s.id, -s.id, token, s.id}
-	if stmt == sLockAcquireFast || stmt == sLockAcquireFastNoWait {
-		args = []any{s.id, token, name, s.id}
-	}
-	var res sql.Result
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		var err error
-		res, err = s.execOn(ctx, c, stmt, args...)
-		return err
-	})
-	switch {
-	case isErrNo(err, 1205):
-		return 0, nil
-	case err != nil:
-		if !connpool.Reusable(err) || ctx.Err() != nil {
-			s.undo(ctx, orphan{name: name, token: token})
+// noWaitLockWaits is how often execNoWait runs a statement again after it
+// met a locked row: a row written by another statement is free again
+// within a millisecond or two (see retryRolledBackN's back-off), one held by
+// a transaction (Mutex.LockTx) is not.
+const noWaitLockWaits = 2
+
+// execNoWait runs the variant of a lock row statement that does not wait
+// for row locks (see noWaitSQL), or the plain statement on a server that
+// refuses the variant, with exec's retries but for lock wait timeouts
+// (1205), which it retries noWaitLockWaits times. A 1205 that it returns
+// means: a transaction holds the row (Mutex.LockTx), which only its end,
+// and the doorbell of the session that handed it over, will change.
+// Every statement that a waiter or TryLock writes a lock row with runs
+// this way, so that none of them holds a session connection while a
+// transaction runs.
+func (s *Session) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
+	for {
+		stmt := s.noWait(plain, variant)
+		var res sql.Result
+		err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+			st, err := c.Stmt(ctx, s.pool, int(stmt))
+			if err != nil {
+				return err
+			}
+			res, err = retryRolledBackN(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) }, noWaitLockWaits)
+			return err
+		})
+		if stmt == variant && s.noWaitRefused(err) {
+			continue // the plain statement, from now on
 		}
-		return 0, err
+		return res, err
 	}
-	return res.LastInsertId()
 }
 
 // noWait returns the variant of stmt that does not wait for row locks

@@ -139,7 +139,70 @@ func (s *Session) sweep(every, age time.Duration) (deleted, marked int64) {
 			after = b.last
 		}
 	}
+	deleted += s.sweepTxLocks(age)
 	return deleted, marked
+}
+
+// sweepTxLocks deletes the transaction-lock rows (see qCreateTxLock) unused
+// for age, one by one, with the statement that does not wait for a row a
+// transaction holds (it skips that row), after a plain read of up to
+// sweepBatch of them at a time. It returns how many it deleted; a failure
+// ends it, and the next pass tries again.
+func (s *Session) sweepTxLocks(age time.Duration) (deleted int64) {
+	for s.stopped.Err() == nil {
+		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+		n, listed, err := s.sweepTxLockBatch(ctx, age)
+		cancel()
+		deleted += n
+		if err != nil {
+			s.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "txlock", "err", err)
+		}
+		if err != nil || listed < sweepBatch || n == 0 {
+			return deleted
+		}
+	}
+	return deleted
+}
+
+// sweepTxLockBatch lists up to sweepBatch idle transaction-lock rows and
+// deletes those still idle and not held.
+func (s *Session) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
+	var names []string
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(sTxLockIdle))
+		if err != nil {
+			return err
+		}
+		rows, err := st.QueryContext(ctx, age.Microseconds(), sweepBatch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				return err
+			}
+			names = append(names, name)
+		}
+		return rows.Err()
+	})
+	for _, name := range names {
+		if err != nil {
+			break
+		}
+		var res sql.Result
+		res, err = s.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
+		if isErrNo(err, 1205) {
+			err = nil // a transaction holds it
+			continue
+		}
+		if err == nil {
+			n, _ := res.RowsAffected()
+			deleted += n
+		}
+	}
+	return deleted, len(names), err
 }
 
 // batch is what one batch of a pass did.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -266,8 +267,15 @@ func testJobControl(t *testing.T, pipe string) {
 	if pgrp != pid || tpgid != pid {
 		t.Errorf("the command after fg: process group %d, terminal's foreground group %d; want both %d", pgrp, tpgid, pid)
 	}
+	// Type the next line only at bash's prompt: input typed while the job
+	// still runs may be discarded when bash takes the terminal back.
+	waitFor(t, "bash's prompt after the job", func() bool {
+		out := tty.output()
+		fg := strings.LastIndex(out, "$ fg")
+		return fg >= 0 && strings.Contains(out[fg+4:], "\n$ ")
+	})
 	typeLine("echo status-$?")
-	waitFor(t, "dsync's exit status", func() bool { return strings.Contains(tty.output(), "status-") })
+	waitFor(t, "dsync's exit status", func() bool { return regexp.MustCompile(`(?m)^status-`).MatchString(tty.output()) })
 	typeLine("exit")
 	p.wait(t)
 	out := tty.output()
