@@ -80,6 +80,7 @@ func readerOps(s *dsync.Session, name string) (func(context.Context) error, func
 // (beyond what the same sessions send idle), and each gets the lock once
 // it is released.
 func TestWaiterDoesNotPoll(t *testing.T) {
+	slowTest(t)
 	for _, kind := range waitKinds {
 		t.Run(kind.name, func(t *testing.T) {
 			const waiters, hold = 4, 3 * time.Second

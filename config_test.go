@@ -115,6 +115,7 @@ func unlockNow(t *testing.T, what string, l fencedLock) {
 // pool, and all of them at once. No setting may let two sessions hold a
 // lock, keep a dead holder's lock, lose a lease silently or repeat a fence.
 func TestExclusionUnderDSNSettings(t *testing.T) {
+	slowTest(t)
 	iso := isolationVar(t, dbtest.Open(t))
 	timeZone := func(tz string) func(*mysql.Config) {
 		return func(c *mysql.Config) { c.Params["time_zone"] = "'" + tz + "'" }

@@ -394,6 +394,7 @@ func leaseExpiry(t *testing.T, db *sql.DB, id int64) (string, time.Duration) {
 // lock, renew and hold for 5×TTL from the moment it started without being
 // lost.
 func TestLatencyFromSessionStart(t *testing.T) {
+	slowTest(t)
 	const ttl = 3 * time.Second
 	const latency = ttl / 6
 	p, dsn := newFaultProxy(t)
@@ -552,6 +553,7 @@ func awaitRenewal(t *testing.T, db *sql.DB, id int64, ttl time.Duration) {
 // session acquires at once, and the holder's background retries of the
 // release (by its own token) never touch the new hold over 2×TTL.
 func TestUnlockReplyLost(t *testing.T) {
+	slowTest(t)
 	for _, kind := range faultKinds {
 		t.Run(kind, func(t *testing.T) { unlockReplyLost(t, kind) })
 	}
@@ -1022,6 +1024,7 @@ func TestCallsEndWithTheirSession(t *testing.T) {
 // still renews in time on a pool limited to 4 connections (dsync kept one,
 // and the renewal waited behind a poll: lost at 0.8 TTL).
 func TestRenewalsOnSlowSharedPools(t *testing.T) {
+	slowTest(t)
 	for _, tc := range []struct{ maxOpen, sessions int }{{4, 1}} {
 		t.Run(fmt.Sprintf("max %d, %d sessions", tc.maxOpen, tc.sessions), func(t *testing.T) {
 			const ttl = 3 * time.Second

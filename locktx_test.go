@@ -285,6 +285,7 @@ func TestLockTxDeadlockIsReported(t *testing.T) {
 // name held by Lock, and gave up, must not hold up that holder's Unlock or
 // its session's renewals while it stays open, at REPEATABLE READ too.
 func TestLockTxNeverBlocksUnlockOrRenewal(t *testing.T) {
+	slowTest(t)
 	for _, iso := range isolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			ctx := context.Background()

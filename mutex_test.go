@@ -39,6 +39,18 @@ func newSession(t testing.TB, opts ...dsync.Option) *dsync.Session {
 	return s
 }
 
+// slowTest skips t under -short. make test runs every test; make
+// test-oldest-go, which runs the suite again with the oldest Go release the
+// module supports, passes -short to leave out these slowest ones (each
+// takes from 6 to 30 seconds, mostly waiting), so that CI stays within its
+// time budget.
+func slowTest(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("slow; make test runs it (without -short)")
+	}
+}
+
 // lockName returns a lock name unique to the test.
 func lockName(t testing.TB) string { return t.Name() + "/" + fmt.Sprint(time.Now().UnixNano()) }
 

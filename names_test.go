@@ -512,6 +512,7 @@ func FuzzLockName(f *testing.F) {
 // connections). No session is lost, each gets the lock, never two at
 // once, and the caller's own queries on the pool still get through.
 func TestManySessionsSmallPool(t *testing.T) {
+	slowTest(t)
 	const (
 		sessions = 50
 		ttl      = 2 * time.Second
