@@ -228,6 +228,7 @@ type bellState struct {
 	wanted    bool      // qLockWant was sent: it may have claimed the next hold
 	pollUntil time.Time // poll without trying doorbells until then
 	selfHeld  bool      // the row was last seen held by this session itself
+	soon      bool      // poll once, after claimPoll at most
 }
 
 // pollFor is how long a waiter polls before it tries doorbells again, once
@@ -271,8 +272,11 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 		return false
 	case ref == st.last || left < int64(time.Second/time.Microsecond):
 		// Rung but not replaced yet, or gone; or the lease ends within a
-		// second (GET_LOCK takes whole seconds on MySQL): poll this once.
+		// second (GET_LOCK takes whole seconds on MySQL): poll this once,
+		// soon (the next generation is published a statement after the
+		// ring), not after the back-off, which has grown with every wake.
 		st.last = bellRef{}
+		st.soon = true
 		return false
 	case ref.gen != 0 && ref.id != s.id:
 		c = s.waiters.get(ctx, s)

@@ -229,6 +229,10 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 				d = min(d, claimPoll) // only the claimant polls fast
 			}
 		}
+		if bells.soon {
+			bells.soon = false
+			d = min(d, claimPoll)
+		}
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
