@@ -229,6 +229,7 @@ type bellState struct {
 	pollUntil time.Time // poll without trying doorbells until then
 	selfHeld  bool      // the row was last seen held by this session itself
 	soon      bool      // poll once, after claimPoll at most
+	since     time.Time // when the Lock began to wait (a claim goes to the longest waiter)
 }
 
 // pollFor is how long a waiter polls before it tries doorbells again, once
@@ -251,7 +252,8 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	s.armBell() // waiters behind this one wait on its doorbell
 	want := (bellWait + 2*time.Second).Microseconds()
 	st.wanted = true
-	if _, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, s.id, s.id, want, m.name); isErrNo(err, 1205) {
+	waited := time.Since(st.since).Microseconds()
+	if _, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name); isErrNo(err, 1205) {
 		// A transaction holds the row (LockTx): the session that handed it
 		// over rings its doorbell when the transaction ends, wanted or not.
 	} else if err != nil {

@@ -196,6 +196,7 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		if b == nil {
 			b = m.s.opts.newBackOff()
 			started = time.Now()
+			bells.since = started
 		}
 		d := b.NextBackOff()
 		if d == backoff.Stop {

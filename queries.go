@@ -52,7 +52,10 @@ const (
 	// falls free, so a waiter, on another node of a cluster or behind a
 	// process that releases and re-acquires at once, is not overtaken for
 	// ever. Any acquisition clears the claim. A claim whose session has
-	// ended counts for nothing.
+	// ended counts for nothing. waiter_since (server UTC) is when the
+	// claimant began to wait: a waiter that began earlier takes the claim
+	// over (qLockWant), so the claim goes to the longest waiter, and the
+	// releaser, back at once, does not win it from waiters that slept.
 	//
 	// wanted_until (server UTC) says that sessions wait for the lock until
 	// then: a release before it rings the holder's doorbell (see bell.go).
@@ -68,6 +71,7 @@ const (
   fence         BIGINT         NOT NULL DEFAULT 0,
   waiter        BIGINT         NOT NULL DEFAULT 0,
   claimed_until DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  waiter_since  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   wanted_until  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   idle_since    DATETIME(6)    NULL,
   idle_fence    BIGINT         NOT NULL DEFAULT 0
@@ -317,16 +321,21 @@ WHERE name = ? AND holder = ? AND token = ?`
 
 	// qLockWant says that this session waits for the lock (see
 	// wanted_until), and claims its next hold unless another waiter's claim
-	// is current (or renews its own). Args: want length in microseconds,
-	// lease id, lease id, lease id, claim length in microseconds, name. The assignments run left to
-	// right: waiter is decided on the old claimed_until, then claimed_until
-	// is set when the claim is this session's.
+	// is current and that waiter began to wait no later than this one (or
+	// renews its own). Args: want length in microseconds, lease id,
+	// microseconds this session has waited, lease id, lease id, claim length
+	// in microseconds, microseconds waited, name. The assignments run left
+	// to right: waiter is decided on the old claimed_until and
+	// waiter_since, then claimed_until and waiter_since are set when the
+	// claim is this session's.
 	qLockWant = `UPDATE {lock} SET
   wanted_until = GREATEST(wanted_until, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND),
   waiter = IF(waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+              OR UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND < waiter_since
               OR NOT EXISTS (SELECT 1 FROM {lease} w
                              WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6)), ?, waiter),
-  claimed_until = IF(waiter = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, claimed_until)
+  claimed_until = IF(waiter = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, claimed_until),
+  waiter_since = IF(waiter = ?, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND, waiter_since)
 WHERE name = ?`
 
 	// qLockBell names the session a waiter of the lock waits on, and the
