@@ -307,12 +307,7 @@ func (s *Session) starveAfter() time.Duration {
 // reports whether the claim is its own now. A failure only means waiting
 // as before.
 func (m *Mutex) claim(ctx context.Context) bool {
-	res, err := m.s.execNoWait(ctx, sLockClaim, sLockClaimNoWait, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	ok := n > 0
+	ok, err := m.s.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
 	if err != nil {
 		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -328,12 +323,7 @@ func (m *Mutex) claim(ctx context.Context) bool {
 func (m *Mutex) unclaim(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
-	res, err := m.s.execNoWait(ctx, sLockUnclaim, sLockUnclaimNoWait, m.name, m.s.id)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	dropped := n > 0
+	dropped, err := m.s.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, m.name, m.s.id)
 	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}

@@ -1073,6 +1073,17 @@ func (s *Session) execNoWait(ctx context.Context, plain, variant stmtIndex, args
 	}
 }
 
+// execNoWaitChanged runs a statement as execNoWait does and reports whether
+// it changed a row.
+func (s *Session) execNoWaitChanged(ctx context.Context, plain, variant stmtIndex, args ...any) (bool, error) {
+	res, err := s.execNoWait(ctx, plain, variant, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
 // noWait returns the variant of stmt that does not wait for row locks
 // (SET STATEMENT innodb_lock_wait_timeout = 0, MariaDB's), or stmt itself
 // on a server that refused that syntax (MySQL; see noWaitRefused).
