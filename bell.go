@@ -260,11 +260,7 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return false
 	}
-	var ref bellRef
-	var left int64 // microseconds the holder's lease has left
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, m.name}, &ref.id, &ref.gen, &left)
-	})
+	ref, left, err := s.lockBell(ctx, m.name)
 	var c *connpool.Conn
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -295,6 +291,16 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	}
 	st.last = ref
 	return s.waitBell(ctx, c, ref, left, m.name, kindMutex)
+}
+
+// lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
+// that session's doorbell, and how long its lease has left in
+// microseconds; sql.ErrNoRows when nobody live holds or claimed the row.
+func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left int64, err error) {
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{s.id, name}, &ref.id, &ref.gen, &left)
+	})
+	return ref, left, err
 }
 
 // withDedicated runs f under a ctx that also ends with the session, then

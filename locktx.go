@@ -275,11 +275,7 @@ func (s *Session) txQueries(ctx context.Context) (*txQueries, error) {
 // or claimed by a live waiter of another session, now (a plain read: it
 // never waits for a transaction's row lock).
 func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
-	var ref bellRef
-	var left int64
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, name}, &ref.id, &ref.gen, &left)
-	})
+	_, _, err := s.lockBell(ctx, name)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

@@ -167,8 +167,14 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			m.unclaim(ctx)
 		}
 	}()
-	if !wait {
-		return m.tryAcquire(ctx)
+	if !wait && m.s.noWaitOff.Load() {
+		// A TryLock where the server has no statements that do not wait
+		// (MySQL; see execNoWait) reads the row first: its statements
+		// would wait, up to the lock wait timeout (qSetSession), for a
+		// transaction holding the row (LockTx).
+		if taken, err := m.s.lockTaken(ctx, m.name); err != nil || taken {
+			return 0, 0, err
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		token = m.s.nextToken()
@@ -247,27 +253,6 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			return 0, 0, m.s.Err()
 		}
 	}
-}
-
-// tryAcquire is acquire's one attempt for TryLock: the statements of Lock's
-// first attempt, which do not wait for a transaction holding the row
-// (LockTx; see execNoWait). Where the server has no statements that do not
-// wait (MySQL), it reads the row first, and then waits at most for the
-// lock wait timeout (qSetSession) when a transaction whose session has
-// ended holds the row.
-func (m *Mutex) tryAcquire(ctx context.Context) (fence, token int64, err error) {
-	token = m.s.nextToken()
-	if m.s.noWaitOff.Load() {
-		taken, err := m.s.lockTaken(ctx, m.name)
-		if err != nil || taken {
-			return 0, 0, err
-		}
-	}
-	fence, err = m.s.acquireRow(ctx, m.name, token, true)
-	if err == nil && fence == 0 {
-		fence, err = m.s.acquireRow(ctx, m.name, token, false)
-	}
-	return fence, token, err
 }
 
 // Starving waiters that poll (no doorbell, see bell.go; a waiter on a

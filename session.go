@@ -960,13 +960,19 @@ const maxRetries = 10
 // (1213) or a lock wait timeout (1205) rolled back may simply run again:
 // exec retries those, so they never reach a caller while a retry is safe.
 func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
+	return s.execRetrying(ctx, stmt, maxRetries, args...)
+}
+
+// execRetrying is exec with at most lockWaits retries after a lock wait
+// timeout (see retryRolledBackN).
+func (s *Session) execRetrying(ctx context.Context, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	var res sql.Result
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(stmt))
 		if err != nil {
 			return err
 		}
-		res, err = retryRolledBack(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) })
+		res, err = retryRolledBackN(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) }, lockWaits)
 		return err
 	})
 	return res, err
@@ -1057,15 +1063,7 @@ const noWaitLockWaits = 2
 func (s *Session) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
 	for {
 		stmt := s.noWait(plain, variant)
-		var res sql.Result
-		err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			st, err := c.Stmt(ctx, s.pool, int(stmt))
-			if err != nil {
-				return err
-			}
-			res, err = retryRolledBackN(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) }, noWaitLockWaits)
-			return err
-		})
+		res, err := s.execRetrying(ctx, stmt, noWaitLockWaits, args...)
 		if stmt == variant && s.noWaitRefused(err) {
 			continue // the plain statement, from now on
 		}
