@@ -58,15 +58,23 @@ const (
 func bellName(id, gen int64) string { return fmt.Sprintf("dsync:%x:%x", id, gen) }
 
 // doorbell is the holder side: a goroutine that takes the session's
-// doorbell when the session first holds a Mutex, and rings it on request.
+// doorbell when the session first holds a Mutex, rings it on request and
+// publishes its generations; and the connection that holds it, on which a
+// release may ring it in its own statement (freeRinging).
 type doorbell struct {
-	ring chan struct{} // a value: ring soon (or take the doorbell)
+	ring chan struct{} // a value: work for the goroutine (ring, publish, or take the doorbell)
 	done chan struct{} // closed when the goroutine returns
 
 	allowed bool        // set by NewSession: not Galera, no connection limit
 	armed   atomic.Bool // started, read without Session.mu
 	started bool        // guarded by Session.mu
 	off     bool        // guarded by Session.mu; the server refused GET_LOCK
+	asked   atomic.Bool // a ring was asked for (ringBell) and not done yet
+
+	mu        sync.Mutex     // held while c is in use
+	c         *connpool.Conn // guarded by mu; holds generation gen; nil: none now
+	gen       int64          // guarded by mu
+	published int64          // guarded by mu; the generation in the lease row
 }
 
 // bellWaiter is the waiter side: connections blocked on, or kept for
@@ -95,8 +103,8 @@ func (s *Session) armBell() {
 	go s.runBell()
 }
 
-// stopBell waits for the doorbell goroutine, which ends with the session,
-// and closes the idle waiting connections.
+// stopBell waits for the doorbell goroutine, which ends with the session
+// (closing its connection), and closes the idle waiting connections.
 func (s *Session) stopBell() {
 	s.mu.Lock()
 	started := s.bell.started
@@ -109,59 +117,96 @@ func (s *Session) stopBell() {
 
 // ringBell asks the doorbell goroutine to ring, without waiting for it.
 func (s *Session) ringBell() {
+	s.bell.asked.Store(true)
+	s.nudgeBell()
+}
+
+// nudgeBell wakes the doorbell goroutine, without waiting for it.
+func (s *Session) nudgeBell() {
 	select {
 	case s.bell.ring <- struct{}{}:
-	default: // a ring is pending already; it wakes the same waiters
+	default: // it has been woken already, and looks at everything it does
 	}
 }
 
-// runBell holds the session's doorbell and rings it on request, until the
-// session ends. A failure drops the connection (which lets the doorbell go:
-// its waiters wake and poll) and takes a new generation on a new one.
+// runBell holds the session's doorbell, rings it on request and publishes
+// the generations that releases rang into place, until the session ends.
+// A failure drops the connection (which lets the doorbell go: its waiters
+// wake and poll) and takes a new generation on a new one.
 func (s *Session) runBell() {
 	defer close(s.bell.done)
-	ctx := s.stopped
-	var c *connpool.Conn
-	var gen int64
-	defer func() {
-		if c != nil {
-			c.Close()
-		}
-	}()
+	defer s.dropBell()
 	for {
-		if c == nil {
-			var err error
-			c, err = s.takeBell(ctx, gen+1)
-			if err != nil {
-				if isErrNo(err, 1235) || ctx.Err() != nil {
-					s.mu.Lock()
-					s.bell.off = ctx.Err() == nil
-					s.mu.Unlock()
-					if ctx.Err() == nil {
-						s.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
-					}
-					return
-				}
-				s.logger.Debug("dsync: doorbell failed", "err", err)
-			} else {
-				gen++
-			}
+		again, stop := s.tendBell(s.stopped)
+		if stop {
+			return
+		}
+		if again {
+			continue
 		}
 		select {
-		case <-ctx.Done():
+		case <-s.stopped.Done():
 			return
 		case <-s.bell.ring:
 		}
-		if c == nil {
-			continue
+	}
+}
+
+// tendBell does what the doorbell needs now: takes it when there is none,
+// rings it when asked, or publishes the generation that a release rang
+// into place. It reports again when it should run again at once (the
+// connection failed), stop when the goroutine should end.
+func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
+	b := &s.bell
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c == nil {
+		c, err := s.takeBell(ctx, b.gen+1)
+		if err != nil {
+			if isErrNo(err, 1235) || ctx.Err() != nil {
+				s.mu.Lock()
+				b.off = ctx.Err() == nil
+				s.mu.Unlock()
+				if ctx.Err() == nil {
+					s.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
+				}
+				return false, true
+			}
+			s.logger.Debug("dsync: doorbell failed", "err", err)
+			return false, false // tried again on the next request
 		}
-		if err := s.ring(ctx, c, gen); err != nil {
-			s.logger.Debug("dsync: doorbell ring failed", "err", err)
-			c.Close()
-			c = nil
-			continue
+		b.gen++
+		b.c, b.published = c, b.gen
+		return b.asked.Load(), false // a ring asked for meanwhile comes next
+	}
+	var err error
+	switch {
+	case b.asked.Swap(false):
+		if err = s.ring(ctx, b.c, b.gen); err == nil {
+			b.gen++
+			b.published = b.gen
 		}
-		gen++
+	case b.published != b.gen:
+		if err = s.publishBell(ctx, b.c, b.gen); err == nil {
+			b.published = b.gen
+		}
+	}
+	if err != nil {
+		s.logger.Debug("dsync: doorbell ring failed", "err", err)
+		b.c.Close()
+		b.c = nil
+		return true, false
+	}
+	return false, false
+}
+
+// dropBell closes the doorbell's connection, which lets it go.
+func (s *Session) dropBell() {
+	s.bell.mu.Lock()
+	defer s.bell.mu.Unlock()
+	if s.bell.c != nil {
+		s.bell.c.Close()
+		s.bell.c = nil
 	}
 }
 
@@ -176,6 +221,11 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 	err = s.query(ctx, c, sBellTake, []any{bellName(s.id, gen)}, &took)
 	if err == nil && took.Int64 != 1 {
 		err = errors.New("doorbell taken by another connection")
+	}
+	if err == nil {
+		// Prepared now, so that a release that rings on c costs no more
+		// round trips than one on any other connection.
+		_, err = c.Stmt(ctx, s.pool, int(sLockReleaseRing))
 	}
 	if err == nil {
 		err = s.publishBell(ctx, c, gen)
@@ -198,6 +248,71 @@ func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
 		return errors.New("next doorbell taken by another connection")
 	}
 	return s.publishBell(ctx, c, gen+1)
+}
+
+// freeRinging frees the Mutex row o as free does, but on the doorbell's
+// connection, with the ring in the same statement when sessions wait for
+// the row (qLockReleaseRing): a woken waiter's statement is then on its
+// way while the release commits, a statement sooner than a ring after the
+// release. ran is false when it did not run (no doorbell yet, the
+// doorbell's connection in use, or the session ending), and the caller
+// frees o as before. The goroutine publishes the new generation.
+func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
+	b := &s.bell
+	if o.ticket || !b.armed.Load() || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+		return false, nil, nil
+	}
+	defer b.mu.Unlock()
+	if b.c == nil {
+		return false, nil, nil
+	}
+	if !b.c.Alive(ctx) {
+		// The server dropped the connection while it was idle (its doorbell
+		// went with it, which woke the waiters): take a new one, and free
+		// the row on another connection.
+		b.c.Close()
+		b.c = nil
+		s.nudgeBell()
+		return false, nil, nil
+	}
+	sctx := s.stopped
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(s.stopped, cancel)()
+	}
+	asked := b.asked.Swap(false) // this statement may ring instead
+	rang := int64(0)
+	st, err := b.c.Stmt(sctx, s.pool, int(sLockReleaseRing))
+	if err == nil {
+		res, err = retryRolledBack(sctx, func() (sql.Result, error) {
+			return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
+		})
+	}
+	if err == nil {
+		if n, _ := res.RowsAffected(); n > 0 {
+			rang, _ = res.LastInsertId()
+		}
+	}
+	switch {
+	case err != nil || rang == 1:
+		// The statement failed, maybe after it rang, or it rang without
+		// taking the next generation: drop the connection (and with it
+		// whatever doorbell it holds) and have the goroutine take a new one.
+		b.c.Close()
+		b.c = nil
+	case rang == 2:
+		b.gen++
+		asked = false
+	}
+	if asked {
+		b.asked.Store(true)
+	}
+	if b.c == nil || b.published != b.gen || asked {
+		s.nudgeBell()
+	}
+	return true, res, err
 }
 
 // publishBell writes the doorbell's generation into the lease row.
@@ -229,6 +344,7 @@ type bellState struct {
 	pollUntil time.Time // poll without trying doorbells until then
 	selfHeld  bool      // the row was last seen held by this session itself
 	soon      bool      // poll once, after claimPoll at most
+	woken     bool      // the doorbell waited on rang: the row may still be locked by the release that rang it
 	since     time.Time // when the Lock began to wait (a claim goes to the longest waiter)
 }
 
@@ -290,7 +406,9 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 		return false
 	}
 	st.last = ref
-	return s.waitBell(ctx, c, ref, left, m.name, kindMutex)
+	ran, rung := s.waitBell(ctx, c, ref, left, m.name, kindMutex)
+	st.woken = rung
+	return ran
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
@@ -434,24 +552,25 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		return false
 	}
 	st.last = ref
-	return s.waitBell(ctx, c, ref, left, name, kindQueue)
+	ran, _ := s.waitBell(ctx, c, ref, left, name, kindQueue)
+	return ran
 }
 
 // waitBell blocks on c until doorbell ref rings, for at most bellWait or
 // what the ringing session's lease has left (left microseconds, at least a
 // second; in whole seconds, which is all MySQL's GET_LOCK takes), or until
-// ctx or the session ends. It reports whether the wait ran; after an error
-// the caller polls.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string) bool {
+// ctx or the session ends. It reports whether the wait ran (after an error
+// the caller polls), and whether the doorbell rang.
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string) (ran, rung bool) {
 	bell := bellName(ref.id, ref.gen)
 	timeout := int64(min(bellWait, time.Duration(left)*time.Microsecond+bellLate) / time.Second)
-	var rung sql.NullInt64
+	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
-		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &rung)
+		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
 	})
 	if err != nil {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
-		return false
+		return false, false
 	}
-	return true
+	return true, got.Int64 == 1
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/mariadb"
 )
 
 // awaitStatement waits until a statement whose text is LIKE pattern is
@@ -358,5 +361,164 @@ func TestLockOnRowHeldByItselfDoesNotSpin(t *testing.T) {
 	t.Logf("statements in 1s: %d", n)
 	if n > 100 {
 		t.Errorf("statements while waiting 1s: got %d; want at most 100 (polling with back-off, not a busy loop)", n)
+	}
+}
+
+// doorbellConn returns the server's id of the connection that holds
+// session s's current doorbell, read from its lease row, or 0 when none
+// does.
+func doorbellConn(t *testing.T, db *sql.DB, s *dsync.Session) int64 {
+	t.Helper()
+	var gen int64
+	if err := db.QueryRow("SELECT bell FROM dsync_lease WHERE id = ?", s.ID()).Scan(&gen); err != nil {
+		t.Fatal(err)
+	}
+	var conn sql.NullInt64
+	if err := db.QueryRow("SELECT IS_USED_LOCK(?)", fmt.Sprintf("dsync:%x:%x", s.ID(), gen)).Scan(&conn); err != nil {
+		t.Fatal(err)
+	}
+	return conn.Int64
+}
+
+// TestUnlockAfterDoorbellConnectionKilled checks that a release, which
+// rings the doorbell in its own statement on the doorbell's connection,
+// still succeeds when the server has dropped that connection while it was
+// idle (wait_timeout, KILL), and that the waiter then gets the lock.
+func TestUnlockAfterDoorbellConnectionKilled(t *testing.T) {
+	name := lockName(t)
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	a, b := newSession(t), newSession(t)
+	holder, waiter := dsync.NewMutex(a, name), dsync.NewMutex(b, name)
+	for round := range 3 {
+		if err := holder.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			err := waiter.Lock(wctx)
+			if err == nil {
+				err = waiter.Unlock(ctx)
+			}
+			got <- err
+		}()
+		awaitStatement(t, db, "SELECT IF(GET_LOCK(%", 5*time.Second, "the waiter never blocked on the holder's doorbell")
+		conn := doorbellConn(t, db, a)
+		if conn == 0 {
+			t.Fatalf("round %d: no connection holds the holder's doorbell", round)
+		}
+		if _, err := db.Exec(fmt.Sprintf("KILL CONNECTION %d", conn)); err != nil {
+			t.Fatal(err)
+		}
+		// The fault happened: the doorbell is free, its connection gone.
+		var left int
+		for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", conn).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left == 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("round %d: connection %d still there after KILL", round, conn)
+			}
+		}
+		if err := holder.Unlock(ctx); err != nil {
+			t.Fatalf("round %d: Unlock after the doorbell's connection was killed: %v", round, err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("round %d: waiter: %v", round, err)
+		}
+	}
+}
+
+// TestReleaseRingWithBinaryLog checks that with the server's binary log on,
+// a release that rings its doorbell in its own statement is logged as rows:
+// a replica must never run its GET_LOCK, and keep the lock it takes. (The
+// server refuses STATEMENT format for dsync's READ COMMITTED connections.)
+// The handoffs between two sessions happen all the same.
+func TestReleaseRingWithBinaryLog(t *testing.T) {
+	slowTest(t)
+	for _, format := range []string{"MIXED", "ROW"} {
+		t.Run(format, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			dstStart.Lock() // see dstStart
+			srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--log-bin=binlog", "--server-id=1", "--binlog-format=" + format}})
+			dstStart.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Stop() })
+			admin := dbtest.OpenDSN(t, srv.DSN(""))
+			if _, err := admin.ExecContext(ctx, "CREATE DATABASE bl"); err != nil {
+				t.Fatal(err)
+			}
+			db := dbtest.OpenDSN(t, srv.DSN("bl"))
+			name := lockName(t)
+			a, b := sessionOn(t, db), sessionOn(t, dbtest.OpenDSN(t, srv.DSN("bl")))
+			holder, waiter := dsync.NewMutex(a, name), dsync.NewMutex(b, name)
+			if err := holder.Lock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			const handoffs = 6
+			for i := range handoffs {
+				got := make(chan error, 1)
+				go func() { got <- waiter.Lock(ctx) }()
+				awaitStatement(t, admin, "SELECT IF(GET_LOCK(%", 10*time.Second, "the waiter never blocked on the holder's doorbell")
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-got; err != nil {
+					t.Fatalf("handoff %d: %v", i, err)
+				}
+				holder, waiter = waiter, holder
+			}
+			if err := holder.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := admin.QueryContext(ctx, "SHOW BINLOG EVENTS IN 'binlog.000001'")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			cols, _ := rows.Columns()
+			var events, rang int
+			for rows.Next() {
+				vals := make([]sql.RawBytes, len(cols))
+				ptrs := make([]any, len(cols))
+				for i := range vals {
+					ptrs[i] = &vals[i]
+				}
+				if err := rows.Scan(ptrs...); err != nil {
+					t.Fatal(err)
+				}
+				// Log_name, Pos, Event_type, Server_id, End_log_pos, Info.
+				// Annotate_rows events only show the statement that made
+				// the row events after them; replicas do not run them.
+				kind, info := string(vals[2]), string(vals[len(vals)-1])
+				if kind == "Annotate_rows" && strings.Contains(info, "GET_LOCK") {
+					rang++ // a release that rang in its own statement
+				}
+				if kind != "Query" {
+					continue
+				}
+				if strings.Contains(strings.ToUpper(info), "GET_LOCK") {
+					t.Errorf("binary log event %s: %s", kind, info)
+				}
+				events++
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if events == 0 {
+				t.Error("no Query events in the binary log: is it on?")
+			}
+			if rang == 0 {
+				t.Errorf("no release rang in its own statement in %d handoffs", handoffs)
+			}
+		})
 	}
 }

@@ -179,10 +179,22 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 	for attempt := 0; ; attempt++ {
 		token = m.s.nextToken()
 		// The first attempt tries the cheap statement for a free row; when it
-		// misses, the full one decides at once, and polls use only the full one.
-		fence, err = m.s.acquireRow(ctx, m.name, token, attempt == 0)
-		if attempt == 0 && err == nil && fence == 0 {
-			fence, err = m.s.acquireRow(ctx, m.name, token, false)
+		// misses, the full one decides at once, and polls use only the full
+		// one. A waiter woken by a doorbell tries the cheap one, waiting
+		// briefly for the row lock of the release that rang (see
+		// freeRinging); the next attempt, after the doorbell is read again,
+		// decides the rest.
+		mode := rowFull
+		switch {
+		case bells.woken:
+			mode = rowWoken
+		case attempt == 0:
+			mode = rowFast
+		}
+		bells.woken = false
+		fence, err = m.s.acquireRow(ctx, m.name, token, mode)
+		if mode == rowFast && err == nil && fence == 0 {
+			fence, err = m.s.acquireRow(ctx, m.name, token, rowFull)
 		}
 		switch {
 		case err == nil && fence > 0:

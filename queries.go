@@ -319,6 +319,20 @@ WHERE name = ? AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
 	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(wanted_until > UTC_TIMESTAMP(6))
 WHERE name = ? AND holder = ? AND token = ?`
 
+	// qLockReleaseRing is qLockRelease on the connection that holds the
+	// session's doorbell, ringing it in the same statement when sessions
+	// wait (see Session.freeRinging): it takes the next generation and lets
+	// the current one go, as qBellRing does. Args: next doorbell name,
+	// current doorbell name, name, lease id, token. LastInsertId 0: nobody
+	// waited (or nothing was freed); 2: rung, the next generation taken; 1:
+	// rung, the next generation not taken. With the binary log on, the
+	// statement is logged as rows (dsync's connections run at READ
+	// COMMITTED, which the server does not log as statements), so replicas
+	// never run its GET_LOCK.
+	qLockReleaseRing = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
+    1 + COALESCE(GET_LOCK(?, 0), 0) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
+WHERE name = ? AND holder = ? AND token = ?`
+
 	// qLockWant says that this session waits for the lock (see
 	// wanted_until), and claims its next hold unless another waiter's claim
 	// is current and that waiter began to wait no later than this one (or
@@ -816,6 +830,14 @@ const (
 // statements (see Session.noWait).
 const noWaitSQL = `SET STATEMENT innodb_lock_wait_timeout = 0 FOR `
 
+// briefWaitSQL makes a statement wait at most a second for a row lock: a
+// waiter woken by a doorbell rung inside the release (qLockReleaseRing)
+// meets the row still locked by that release until it commits, which
+// takes a moment; a row held by a transaction (LockTx) costs it a second.
+// Where the server refuses the syntax, the plain statement runs, as with
+// noWaitSQL.
+const briefWaitSQL = `SET STATEMENT innodb_lock_wait_timeout = 1 FOR `
+
 // stmtIndex names the statements prepared on every session connection.
 type stmtIndex int
 
@@ -869,6 +891,8 @@ const (
 	sLockClaimNoWait
 	sLockUnclaimNoWait
 	sLockReleaseNoWait
+	sLockReleaseRing
+	sLockAcquireFastBrief
 	sTxLockCreate
 	sTxLockIdle
 	sTxLockSweepDelete
@@ -946,6 +970,8 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLockClaimNoWait] = noWaitSQL + r.Replace(qLockClaim)
 	q.prepared[sLockUnclaimNoWait] = noWaitSQL + r.Replace(qLockUnclaim)
 	q.prepared[sLockReleaseNoWait] = noWaitSQL + r.Replace(qLockRelease)
+	q.prepared[sLockReleaseRing] = r.Replace(qLockReleaseRing)
+	q.prepared[sLockAcquireFastBrief] = briefWaitSQL + r.Replace(qLockAcquireFast)
 	q.prepared[sTxLockCreate] = r.Replace(qTxLockCreate)
 	q.prepared[sTxLockIdle] = r.Replace(qTxLockIdle)
 	q.prepared[sTxLockSweepDelete] = r.Replace(qTxLockSweepDelete)

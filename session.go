@@ -1016,21 +1016,33 @@ func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockW
 	}
 }
 
+// How acquireRow tries a lock row.
+type rowMode int
+
+const (
+	rowFull  rowMode = iota // qLockAcquire, whatever state the row is in
+	rowFast                 // qLockAcquireFast: an existing, free, unclaimed row
+	rowWoken                // qLockAcquireFast, waiting up to a second for the row lock (briefWaitSQL)
+)
+
 // acquireRow makes one attempt to take the lock row for name, with the
-// cheap statement for a row that exists and is free when fast is set (a miss
-// then says nothing about the row), else with the statement that handles
-// every state of the row; neither waits for a transaction holding the row
-// (see execNoWait): that counts as held. It returns the new fence, or 0 when not taken.
-// Its outcome is unknown when the statement failed other than by a server
-// error (the connection broke, ctx ended): then the attempt is undone
-// (see undo) before the error is returned, so that no row is left held
-// without a holder.
-func (s *Session) acquireRow(ctx context.Context, name string, token int64, fast bool) (int64, error) {
+// statement mode says: the cheap one for a row that exists and is free (a
+// miss then says nothing about the row), or the one that handles every
+// state of the row. Neither waits for a transaction holding the row (see
+// execNoWait; rowWoken waits a second at most): that counts as held. It
+// returns the new fence, or 0 when not taken. Its outcome is unknown when
+// the statement failed other than by a server error (the connection
+// broke, ctx ended): then the attempt is undone (see undo) before the
+// error is returned, so that no row is left held without a holder.
+func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (int64, error) {
 	var res sql.Result
 	var err error
-	if fast {
+	switch mode {
+	case rowFast:
 		res, err = s.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, s.id, token, name, s.id)
-	} else {
+	case rowWoken:
+		res, err = s.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, s.id, token, name, s.id)
+	default:
 		res, err = s.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, s.id, token, s.id, -s.id, token, s.id)
 	}
 	if isErrNo(err, 1205) {
@@ -1061,9 +1073,15 @@ const noWaitLockWaits = 2
 // this way, so that none of them holds a session connection while a
 // transaction runs.
 func (s *Session) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
+	return s.execNoWaitN(ctx, plain, variant, noWaitLockWaits, args...)
+}
+
+// execNoWaitN is execNoWait with at most lockWaits retries after a lock
+// wait timeout.
+func (s *Session) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	for {
 		stmt := s.noWait(plain, variant)
-		res, err := s.execRetrying(ctx, stmt, noWaitLockWaits, args...)
+		res, err := s.execRetrying(ctx, stmt, lockWaits, args...)
 		if stmt == variant && s.noWaitRefused(err) {
 			continue // the plain statement, from now on
 		}
@@ -1140,7 +1158,10 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	if o.ticket {
 		return s.freeTicket(ctx, o) // see queue.go
 	}
-	res, err := s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+	ran, res, err := s.freeRinging(ctx, o) // see bell.go
+	if !ran {
+		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -1148,7 +1169,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	if err != nil || n == 0 {
 		return false, err
 	}
-	if wanted, _ := res.LastInsertId(); wanted == 1 {
+	if wanted, _ := res.LastInsertId(); wanted == 1 && !ran {
 		s.ringBell()
 	}
 	return true, nil

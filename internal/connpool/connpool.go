@@ -149,7 +149,7 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 		}
 		p.count(priority, 1)
 		p.mu.Unlock()
-		if c.alive(ctx) {
+		if c.Alive(ctx) {
 			c.priority = priority
 			return c, nil
 		}
@@ -189,7 +189,7 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 			return nil, ErrClosed
 		case c == nil:
 			return p.dial(ctx, priority)
-		case !c.alive(ctx):
+		case !c.Alive(ctx):
 			c.discard() // its slot, already counted, opens a new one
 			return p.dial(ctx, priority)
 		}
@@ -398,10 +398,10 @@ func (c *Conn) QueryRowContext(ctx context.Context, query string, args ...any) *
 	return c.conn.QueryRowContext(ctx, query, args...)
 }
 
-// alive reports whether c is still usable, by the driver's own check of an
+// Alive reports whether c is still usable, by the driver's own check of an
 // idle connection (a non-blocking read of its socket, unless the DSN turned
 // checkConnLiveness off; no round trip).
-func (c *Conn) alive(ctx context.Context) bool {
+func (c *Conn) Alive(ctx context.Context) bool {
 	err := c.conn.Raw(func(dc any) error {
 		if r, ok := dc.(driver.SessionResetter); ok {
 			return r.ResetSession(ctx)
