@@ -200,6 +200,20 @@ func run() error {
 			}
 		}
 		if p.wants("handoff") {
+			var handFloor time.Duration
+			if sys := res.system("floor"); sys != nil {
+				p50, p99, err := handoffFloor(ctx, sys, fmt.Sprintf("hand-floor-%d", runNo), p.handSamples)
+				if err != nil {
+					fail("handoff floor: %v", err)
+				} else {
+					handFloor = p50
+					res.add("hand.p50", sys.key, ms(p50))
+					res.add("hand.p99", sys.key, ms(p99))
+					res.add("hand.ratio", sys.key, ratioTo(ms(p50), ms(floor.p50)))
+					res.add("hand.vsfloor", sys.key, 1)
+					logf("  handoff     %-16s p50 %.3f ms  p99 %.3f ms", sys.key, ms(p50), ms(p99))
+				}
+			}
 			for _, sys := range res.exclusive() {
 				p50, p99, err := handoff(ctx, sys, fmt.Sprintf("hand-%s-%d", sys.key, runNo), p.handSamples)
 				if err != nil {
@@ -209,7 +223,8 @@ func run() error {
 				res.add("hand.p50", sys.key, ms(p50))
 				res.add("hand.p99", sys.key, ms(p99))
 				res.add("hand.ratio", sys.key, ratioTo(ms(p50), ms(floor.p50)))
-				logf("  handoff     %-16s p50 %.3f ms  p99 %.3f ms", sys.key, ms(p50), ms(p99))
+				res.add("hand.vsfloor", sys.key, ratioTo(ms(p50), ms(handFloor)))
+				logf("  handoff     %-16s p50 %.3f ms  p99 %.3f ms  %.2fx handoff floor", sys.key, ms(p50), ms(p99), ratioTo(ms(p50), ms(handFloor)))
 			}
 		}
 		if p.wants("idle") {

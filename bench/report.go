@@ -202,6 +202,9 @@ func (r *report) markdown() []byte {
 		s := r.res.get(t.metric, t.key)
 		w("| %s | %s | %s |\n", t.label, s.format(t.f, t.unit), t.judge(s))
 	}
+	if f := r.res.get("hand.p50", "floor"); f.ok() {
+		w("| for the handoff targets: the handoff floor's p50 (a `DELETE` and an `INSERT` on two connections idle through the hold, in series: a release's and an acquisition's commits, with no wake-up) | %s | reference |\n", f.format(num, " ms"))
+	}
 	if n := r.names; n != nil {
 		verdict := "not met"
 		if n.backAfter >= 0 && n.backAfter <= 2*n.age {
@@ -222,7 +225,7 @@ func (r *report) markdown() []byte {
 	w("- **floor**: a prepared autocommit `INSERT` and `DELETE` of one row on a plain InnoDB table of the same MariaDB, on one connection: the least a durable row lock can cost. Its p50 per pair is the unit of every ratio (\"× floor\"), from the same run; its pairs per second, one after another, is the floor's serial rate.\n")
 	w("- **uncontended**: one session, `Lock`+`Unlock` of one name in a loop: %s pairs timed after %d warm-up pairs; p50 and p99 per pair. `GET_LOCK(name, 600)` and `RELEASE_LOCK(name)` are prepared statements on one connection. redsync runs with default options (8 s expiry, 32 tries 50–250 ms apart) and with `WithRetryDelay(1ms)`; a `Lock` that returns `ErrFailed` after its tries is called again, as a caller who must have the lock would.\n", groupThousands(int64(p.uncIters)), max(p.uncIters/20, 10))
 	w("- **contention**: %d sessions, each a goroutine looping `Lock`, check, `Unlock` on one name for %v. The check: an atomic count of holders must be 1 inside the critical section, and a plain counter incremented there must equal the acquisitions at the end; anything else is a violation, which fails the program. Acquisitions/s; handoffs/s (acquisitions whose previous holder was another session) and their share; the longest time one `Lock` took; \"vs floor\" is acquisitions/s over the floor's serial rate.\n", p.conSessions, p.conDur)
-	w("- **handoff latency**: session A holds the lock, session B is blocked in `Lock`; after a hold of 5–15 ms A notes t0 and calls `Unlock`, B notes t1 when its `Lock` returns; t1 − t0, %d times per run (the two sessions take turns); p50 and p99.\n", p.handSamples)
+	w("- **handoff latency**: session A holds the lock, session B is blocked in `Lock`; after a hold of 5–15 ms A notes t0 and calls `Unlock`, B notes t1 when its `Lock` returns; t1 − t0, %d times per run (the two sessions take turns); p50 and p99. The *handoff floor* is what the two commits of a handoff of a durable row lock cost, with no wake-up at all: after the same holds, the floor's `DELETE` on one connection and then at once its `INSERT` on another, timed together (two commits in series, each on a connection that sat idle through the hold, as a release and the waiter's acquisition are); \"× handoff floor\" is a system's p50 over it, from the same run.\n", p.handSamples)
 	w("- **idle waiters**: %d+1 sessions; first none of them does anything for %v (baseline: keep-alives and the like), then one holds the lock and %d wait in `Lock` (counted from 0.5 s after they started, for %v; a multiple of dsync's 2 s renewal period, so that both windows hold as many renewals). Per waiter: (statements/s while waiting − baseline statements/s) / %d; a renewal more or less in one window moves it by about 0.02/s, and can make it negative. Counted on the server: MariaDB's global `Questions` (`SHOW GLOBAL STATUS`), redis' `total_commands_processed` (`INFO stats`), minus the counting query itself; for etcd, the unary gRPC calls the benchmark's clients sent (lease keep-alives and watches are streams and not counted; a waiting `concurrency.Mutex` watches its predecessor's key and sends nothing). For `RWMutex` reader the holder is a writer and the waiters are readers.\n", p.idleWaiters, p.idleDur, p.idleWaiters, p.idleDur, p.idleWaiters)
 	w("- **many locks**: one session acquires %s `Mutex` names one after another (time taken), then holds them for %v while the server's statements are counted (as above): the keep-alive cost of holding many locks. `GET_LOCK` on one connection for comparison.\n", groupThousands(int64(p.manyLocks)), p.manyHold)
 	w("- **distinct names**: %d goroutines over %d sessions lock and unlock %s distinct `Mutex` names once each, recording each fence (once per `make bench-peers`: it takes minutes). With `dsync.WithFreeRowAge(age)` the lock table's rows are counted (`SELECT COUNT(*)`, every 2 s during the pass and every second after it; the peak is the largest count seen) until they are back to ≤ 1 %% of the peak; data+index size from `information_schema.TABLES` after `ANALYZE TABLE`. Then one name in %s is locked again: its new fence must exceed the recorded one (a repeat fails the program).\n\n", p.namesSessions*p.namesPer, p.namesSessions, groupThousands(int64(p.names)), groupThousands(int64(max(1, p.names/2000))))
@@ -265,13 +268,18 @@ func (r *report) markdown() []byte {
 		w("\n")
 	}
 	if r.res.has("hand.p50") {
-		w("## Handoff latency between sessions\n\n| system | p50 | p99 | p50 × floor |\n|---|---|---|---|\n")
-		for _, s := range r.res.exclusive() {
+		w("## Handoff latency between sessions\n\n| system | p50 | p99 | p50 × floor | p50 × handoff floor |\n|---|---|---|---|---|\n")
+		for _, s := range r.res.systems {
 			if !r.res.get("hand.p50", s.key).ok() {
 				continue
 			}
-			w("| %s | %s | %s | %s |\n", s.name, r.res.get("hand.p50", s.key).format(num, " ms"),
-				r.res.get("hand.p99", s.key).format(num, " ms"), r.res.get("hand.ratio", s.key).format(ratioNum, "×"))
+			name := s.name
+			if s.key == "floor" {
+				name = "handoff floor: the floor's `DELETE` on one connection, then its `INSERT` on another"
+			}
+			w("| %s | %s | %s | %s | %s |\n", name, r.res.get("hand.p50", s.key).format(num, " ms"),
+				r.res.get("hand.p99", s.key).format(num, " ms"), r.res.get("hand.ratio", s.key).format(ratioNum, "×"),
+				r.res.get("hand.vsfloor", s.key).format(ratioNum, "×"))
 		}
 		w("\n")
 	}
@@ -387,7 +395,7 @@ func (r *report) svg() []byte {
 		panels = append(panels, struct {
 			title string
 			bars  []bar
-		}{"Handoff between sessions (Unlock call to the blocked waiter's Lock return), p50 in ms", hand})
+		}{"Handoff between sessions (Unlock call to the blocked waiter's Lock return), p50 in ms; floor: DELETE then INSERT on two connections, in series", hand})
 	}
 	const (
 		width  = 960

@@ -190,6 +190,41 @@ func handoff(ctx context.Context, sys *system, name string, samples int) (p50, p
 	return percentile(d, 50), percentile(d, 99), nil
 }
 
+// handoffFloor is the handoff scenario's floor: what a handoff of a durable
+// row lock costs with no wake-up at all. Two floor sessions (connections)
+// take turns: after the same 5-15 ms hold, t0, the holder's DELETE, then
+// at once the other's INSERT, t1: two autocommit statements in series,
+// each on a connection that sat idle through the hold, as a release and
+// the waiter's acquisition are.
+func handoffFloor(ctx context.Context, sys *system, name string, samples int) (p50, p99 time.Duration, err error) {
+	ss, err := openSessions(ctx, sys, 2)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer closeSessions(ss)
+	holder, waiter := ss[0].lock(name), ss[1].lock(name)
+	if err := holder.Lock(ctx); err != nil {
+		return 0, 0, err
+	}
+	var d []time.Duration
+	for range samples {
+		time.Sleep(5*time.Millisecond + rand.N(10*time.Millisecond))
+		t0 := time.Now()
+		if err := holder.Unlock(ctx); err != nil {
+			return 0, 0, err
+		}
+		if err := waiter.Lock(ctx); err != nil {
+			return 0, 0, err
+		}
+		d = append(d, time.Since(t0))
+		holder, waiter = waiter, holder
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		return 0, 0, err
+	}
+	return percentile(d, 50), percentile(d, 99), nil
+}
+
 // idleResult is one run of the idle-waiter scenario.
 type idleResult struct {
 	baseline  float64 // statements/s with every session idle and nobody waiting
