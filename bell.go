@@ -23,7 +23,10 @@ import (
 // on it (qBellWait). A release that finds wanted_until current (qLockRelease)
 // rings: the releaser takes the next generation and lets the current one go
 // (qBellRing), which wakes every waiter blocked on it, and then publishes
-// the next generation. A woken waiter tries the lock row again.
+// the next generation. A Mutex release that finds the doorbell's connection
+// free runs there and rings inside its own statement (qLockReleaseRing,
+// freeRinging), a statement sooner. A woken waiter tries the lock row
+// again.
 //
 // A release does not miss a waiter: a waiter reads the doorbell after
 // saying that it waits (the Mutex row's wanted_until, or the marker, which
