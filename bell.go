@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -34,7 +35,9 @@ import (
 // a queued lock's head slot, its own ticket, which the slot's release
 // reads under the row lock that every enqueue takes), so a release that
 // comes after rings the generation it read or a later one, and a waiter
-// that blocks on a generation already rung gets it at once. Every path
+// that blocks on a generation already rung (the next one is published
+// after the ring, so a waiter may read one that has rung) gets it at
+// once. Every path
 // that frees a row or ticket rings (Unlock, the reaper, undo, Close's
 // clean-up), and so does a claimant that gives up. What is left is
 // bounded: a marker of a ticket whose enqueue had an unknown outcome, or
@@ -139,6 +142,9 @@ func (s *Session) nudgeBell() {
 func (s *Session) runBell() {
 	defer close(s.bell.done)
 	defer s.dropBell()
+	retry := time.NewTimer(pollFor)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		again, stop := s.tendBell(s.stopped)
 		if stop {
@@ -147,10 +153,19 @@ func (s *Session) runBell() {
 		if again {
 			continue
 		}
+		s.bell.mu.Lock()
+		failed := s.bell.c == nil
+		s.bell.mu.Unlock()
+		var retryC <-chan time.Time
+		if failed {
+			retry.Reset(pollFor) // a doorbell that could not be taken is tried again soon
+			retryC = retry.C
+		}
 		select {
 		case <-s.stopped.Done():
 			return
 		case <-s.bell.ring:
+		case <-retryC:
 		}
 	}
 }
@@ -176,7 +191,8 @@ func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
 				return false, true
 			}
 			s.logger.Debug("dsync: doorbell failed", "err", err)
-			return false, false // tried again on the next request
+			b.gen++ // a connection of the failed attempt may hold it yet
+			return false, false
 		}
 		b.gen++
 		b.c, b.published = c, b.gen
@@ -198,6 +214,7 @@ func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
 		s.logger.Debug("dsync: doorbell ring failed", "err", err)
 		b.c.Close()
 		b.c = nil
+		b.gen++ // the failed statement may have taken it
 		return true, false
 	}
 	return false, false
@@ -227,8 +244,9 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 	}
 	if err == nil {
 		// Prepared now, so that a release that rings on c costs no more
-		// round trips than one on any other connection.
-		_, err = c.Stmt(ctx, s.pool, int(sLockReleaseRing))
+		// round trips than one on any other connection. A failure only
+		// leaves it to be prepared at first use.
+		_, _ = c.Stmt(ctx, s.pool, int(s.noWait(sLockReleaseRing, sLockReleaseRingBrief)))
 	}
 	if err == nil {
 		err = s.publishBell(ctx, c, gen)
@@ -257,25 +275,31 @@ func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
 // connection, with the ring in the same statement when sessions wait for
 // the row (qLockReleaseRing): a woken waiter's statement is then on its
 // way while the release commits, a statement sooner than a ring after the
-// release. ran is false when it did not run (no doorbell yet, the
-// doorbell's connection in use, or the session ending), and the caller
-// frees o as before. The goroutine publishes the new generation.
+// release. The goroutine publishes the new generation.
+//
+// ran is false when the statement had no effect and the caller must free
+// o as before, on a pool connection: o is a ticket; the session is ending
+// or closing; ctx has ended; the doorbell is not taken, or its connection
+// is in use, or was dropped by the server while idle; or the statement
+// was not sent, or met the row locked for a second (it waits no longer,
+// so that it never holds up the doorbell goroutine). When the statement
+// failed otherwise, ran is true with its error, and the connection (with
+// its doorbell, which wakes the waiters) is dropped for a new one.
 func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
 	b := &s.bell
-	if o.ticket || !b.armed.Load() || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+	if o.ticket || !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
 		return false, nil, nil
 	}
 	defer b.mu.Unlock()
 	if b.c == nil {
+		s.nudgeBell() // the goroutine takes one
 		return false, nil, nil
 	}
 	if !b.c.Alive(ctx) {
 		// The server dropped the connection while it was idle (its doorbell
 		// went with it, which woke the waiters): take a new one, and free
 		// the row on another connection.
-		b.c.Close()
-		b.c = nil
-		s.nudgeBell()
+		s.loseBell()
 		return false, nil, nil
 	}
 	sctx := s.stopped
@@ -285,37 +309,58 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		defer cancel()
 		defer context.AfterFunc(s.stopped, cancel)()
 	}
-	asked := b.asked.Swap(false) // this statement may ring instead
-	rang := int64(0)
-	st, err := b.c.Stmt(sctx, s.pool, int(sLockReleaseRing))
-	if err == nil {
-		res, err = retryRolledBack(sctx, func() (sql.Result, error) {
-			return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
-		})
+	stmt := s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
+	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
+	if err != nil {
+		if !connpool.Reusable(err) {
+			s.loseBell()
+		}
+		return false, nil, nil // not sent
 	}
+	asked := b.asked.Swap(false) // this statement may ring instead
+	res, err = retryRolledBackN(sctx, func() (sql.Result, error) {
+		return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
+	}, 0)
+	rang := int64(0)
 	if err == nil {
 		if n, _ := res.RowsAffected(); n > 0 {
 			rang, _ = res.LastInsertId()
 		}
 	}
+	if asked && rang != 2 {
+		b.asked.Store(true)
+	}
 	switch {
+	case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205), errors.Is(err, driver.ErrBadConn):
+		// Refused syntax, or the row locked for a second: the statement
+		// did nothing. A bad connection: nothing was sent.
+		if errors.Is(err, driver.ErrBadConn) {
+			s.loseBell()
+		}
+		s.nudgeBell()
+		return false, nil, nil
 	case err != nil || rang == 1:
 		// The statement failed, maybe after it rang, or it rang without
 		// taking the next generation: drop the connection (and with it
 		// whatever doorbell it holds) and have the goroutine take a new one.
-		b.c.Close()
-		b.c = nil
+		s.loseBell()
 	case rang == 2:
 		b.gen++
-		asked = false
 	}
-	if asked {
-		b.asked.Store(true)
-	}
-	if b.c == nil || b.published != b.gen || asked {
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
 		s.nudgeBell()
 	}
 	return true, res, err
+}
+
+// loseBell drops the doorbell's connection (b.mu held), which lets its
+// doorbell go, and skips the next generation, which a statement of that
+// connection may have taken, so that the goroutine takes a new one.
+func (s *Session) loseBell() {
+	s.bell.c.Close()
+	s.bell.c = nil
+	s.bell.gen++
+	s.nudgeBell()
 }
 
 // publishBell writes the doorbell's generation into the lease row.
@@ -398,8 +443,9 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 	case ref == st.last || left < int64(time.Second/time.Microsecond):
 		// Rung but not replaced yet, or gone; or the lease ends within a
 		// second (GET_LOCK takes whole seconds on MySQL): poll this once,
-		// soon (the next generation is published a statement after the
-		// ring), not after the back-off, which has grown with every wake.
+		// soon (the doorbell goroutine publishes the next generation right
+		// after the ring), not after the back-off, which has grown with
+		// every wake.
 		st.last = bellRef{}
 		st.soon = true
 		return false

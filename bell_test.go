@@ -522,3 +522,48 @@ func TestReleaseRingWithBinaryLog(t *testing.T) {
 		})
 	}
 }
+
+// TestUnlockWithEndedCtxKeepsDoorbell checks that an Unlock whose ctx has
+// ended (a deferred Unlock after a deadline) leaves the session's doorbell
+// alone: its connection is not dropped, and the waiters blocked on it for
+// another lock of the session are not woken for nothing.
+func TestUnlockWithEndedCtxKeepsDoorbell(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	a, b := newSession(t), newSession(t)
+	name := lockName(t)
+	waited, other := dsync.NewMutex(a, name), dsync.NewMutex(a, name+"/other")
+	if err := waited.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w := dsync.NewMutex(b, name)
+		err := w.Lock(ctx)
+		if err == nil {
+			err = w.Unlock(ctx)
+		}
+		got <- err
+	}()
+	awaitStatement(t, db, "SELECT IF(GET_LOCK(%", 5*time.Second, "the waiter never blocked on the holder's doorbell")
+	before := doorbellConn(t, db, a)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := other.Unlock(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Unlock with an ended ctx: got %v; want an error wrapping context.Canceled", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if after := doorbellConn(t, db, a); after != before || before == 0 {
+		t.Fatalf("connection holding the doorbell: got %d after the Unlock, %d before; want the same", after, before)
+	}
+	awaitStatement(t, db, "SELECT IF(GET_LOCK(%", time.Second, "the waiter is no longer blocked on the doorbell")
+	if err := waited.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -322,15 +322,21 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// qLockReleaseRing is qLockRelease on the connection that holds the
 	// session's doorbell, ringing it in the same statement when sessions
 	// wait (see Session.freeRinging): it takes the next generation and lets
-	// the current one go, as qBellRing does. Args: next doorbell name,
-	// current doorbell name, name, lease id, token. LastInsertId 0: nobody
+	// the current one go, as qBellRing does. Args: next doorbell name
+	// (twice), current doorbell name, name, lease id, token. LastInsertId 0: nobody
 	// waited (or nothing was freed); 2: rung, the next generation taken; 1:
 	// rung, the next generation not taken. With the binary log on, the
 	// statement is logged as rows (dsync's connections run at READ
 	// COMMITTED, which the server does not log as statements), so replicas
 	// never run its GET_LOCK.
+	//
+	// GET_LOCK runs only when the connection does not hold the next
+	// generation yet: MariaDB counts a lock taken twice on one connection,
+	// and a ring lets it go once. (A statement rolled back after its SET
+	// ran, and run again, would take it twice; an UPDATE of one row by its
+	// key waits for the row, and is rolled back, before that.)
 	qLockReleaseRing = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
-    1 + COALESCE(GET_LOCK(?, 0), 0) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
+    1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
 WHERE name = ? AND holder = ? AND token = ?`
 
 	// qLockWant says that this session waits for the lock (see
@@ -892,6 +898,7 @@ const (
 	sLockUnclaimNoWait
 	sLockReleaseNoWait
 	sLockReleaseRing
+	sLockReleaseRingBrief
 	sLockAcquireFastBrief
 	sTxLockCreate
 	sTxLockIdle
@@ -971,6 +978,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLockUnclaimNoWait] = noWaitSQL + r.Replace(qLockUnclaim)
 	q.prepared[sLockReleaseNoWait] = noWaitSQL + r.Replace(qLockRelease)
 	q.prepared[sLockReleaseRing] = r.Replace(qLockReleaseRing)
+	q.prepared[sLockReleaseRingBrief] = briefWaitSQL + r.Replace(qLockReleaseRing)
 	q.prepared[sLockAcquireFastBrief] = briefWaitSQL + r.Replace(qLockAcquireFast)
 	q.prepared[sTxLockCreate] = r.Replace(qTxLockCreate)
 	q.prepared[sTxLockIdle] = r.Replace(qTxLockIdle)
