@@ -144,19 +144,30 @@ func contention(ctx context.Context, sys *system, name string, sessions int, d t
 	return r, errors.Join(errList...)
 }
 
+// holdingPair opens two sessions of sys, the first holding name: the
+// start of both handoff scenarios. done closes the sessions.
+func holdingPair(ctx context.Context, sys *system, name string) (holder, waiter locker, done func(), err error) {
+	ss, err := openSessions(ctx, sys, 2)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	holder, waiter = ss[0].lock(name), ss[1].lock(name)
+	if err := holder.Lock(ctx); err != nil {
+		closeSessions(ss)
+		return nil, nil, nil, err
+	}
+	return holder, waiter, func() { closeSessions(ss) }, nil
+}
+
 // handoff measures, samples times, the time from the holder's Unlock call
 // to the return of the Lock of a waiter of another session that was
 // already blocked; the two sessions take turns.
 func handoff(ctx context.Context, sys *system, name string, samples int) (p50, p99 time.Duration, err error) {
-	ss, err := openSessions(ctx, sys, 2)
+	holder, waiter, done, err := holdingPair(ctx, sys, name)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer closeSessions(ss)
-	holder, waiter := ss[0].lock(name), ss[1].lock(name)
-	if err := holder.Lock(ctx); err != nil {
-		return 0, 0, err
-	}
+	defer done()
 	type got struct {
 		at  time.Time
 		err error
@@ -197,15 +208,11 @@ func handoff(ctx context.Context, sys *system, name string, samples int) (p50, p
 // each on a connection that sat idle through the hold, as a release and
 // the waiter's acquisition are.
 func handoffFloor(ctx context.Context, sys *system, name string, samples int) (p50, p99 time.Duration, err error) {
-	ss, err := openSessions(ctx, sys, 2)
+	holder, waiter, done, err := holdingPair(ctx, sys, name)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer closeSessions(ss)
-	holder, waiter := ss[0].lock(name), ss[1].lock(name)
-	if err := holder.Lock(ctx); err != nil {
-		return 0, 0, err
-	}
+	defer done()
 	var d []time.Duration
 	for range samples {
 		time.Sleep(5*time.Millisecond + rand.N(10*time.Millisecond))
