@@ -145,6 +145,7 @@ func (s *Session) runBell() {
 	retry := time.NewTimer(pollFor)
 	retry.Stop()
 	defer retry.Stop()
+	retryIn := pollFor // after a failed take; doubles up to bellWait
 	for {
 		again, stop := s.tendBell(s.stopped)
 		if stop {
@@ -158,8 +159,14 @@ func (s *Session) runBell() {
 		s.bell.mu.Unlock()
 		var retryC <-chan time.Time
 		if failed {
-			retry.Reset(pollFor) // a doorbell that could not be taken is tried again soon
+			// A doorbell that could not be taken is tried again soon, and
+			// less often while that goes on (the server may be refusing
+			// connections).
+			retry.Reset(retryIn)
 			retryC = retry.C
+			retryIn = min(2*retryIn, bellWait)
+		} else {
+			retryIn = pollFor
 		}
 		select {
 		case <-s.stopped.Done():
@@ -292,8 +299,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 	}
 	defer b.mu.Unlock()
 	if b.c == nil {
-		s.nudgeBell() // the goroutine takes one
-		return false, nil, nil
+		return false, nil, nil // the goroutine takes one (runBell)
 	}
 	if !b.c.Alive(ctx) {
 		// The server dropped the connection while it was idle (its doorbell
