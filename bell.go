@@ -219,9 +219,7 @@ func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
 	}
 	if err != nil {
 		s.logger.Debug("dsync: doorbell ring failed", "err", err)
-		b.c.Close()
-		b.c = nil
-		b.gen++ // the failed statement may have taken it
+		s.loseBell() // the failed statement may have taken the next generation
 		return true, false
 	}
 	return false, false
@@ -336,6 +334,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 	if asked && rang != 2 {
 		b.asked.Store(true)
 	}
+	ran = true
 	switch {
 	case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205), errors.Is(err, driver.ErrBadConn):
 		// Refused syntax, or the row locked for a second: the statement
@@ -343,8 +342,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		if errors.Is(err, driver.ErrBadConn) {
 			s.loseBell()
 		}
-		s.nudgeBell()
-		return false, nil, nil
+		ran, res, err = false, nil, nil
 	case err != nil || rang == 1:
 		// The statement failed, maybe after it rang, or it rang without
 		// taking the next generation: drop the connection (and with it
@@ -356,7 +354,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 	if b.c == nil || b.published != b.gen || b.asked.Load() {
 		s.nudgeBell()
 	}
-	return true, res, err
+	return ran, res, err
 }
 
 // loseBell drops the doorbell's connection (b.mu held), which lets its
