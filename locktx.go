@@ -30,12 +30,20 @@ import (
 //     can take it before that end, even if the session's lease ends
 //     meanwhile: the hold does not depend on the lease.
 //
-// A rollback restores the row as the session held it. A goroutine of the
-// session waits for the end of the transaction (see awaitTxEnd), frees the
-// row when the transaction rolled back, rings the doorbell, and ends the
-// hold in the process (whose goroutines wait for it locally, as for a Lock
-// hold). While the transaction runs, the statements with which others
-// write the lock row do not wait for it (see execNoWait).
+// A rollback restores the row as the session held it; so does ROLLBACK TO
+// a SAVEPOINT taken before the hold, while the transaction goes on without
+// it (the database lets go of the row locks taken after a savepoint). A
+// goroutine of the session waits for the transaction's row lock to go (see
+// awaitTxEnd), frees the row when the transaction rolled back, rings the
+// doorbell, and ends the hold in the process (whose goroutines wait for it
+// locally, as for a Lock hold). While the transaction runs, the statements
+// with which others write the lock row do not wait for it (see
+// execNoWait).
+//
+// So the process's record of a hold proves nothing about the transaction:
+// a LockTx again in the same transaction asks the database (txHeld). The
+// row the transaction frees carries the hold's mark (qTxHold), which shows
+// to the transaction only while its write stands.
 
 // LockTx acquires the lock for the caller's transaction tx: the lock is
 // held until tx commits or rolls back, so what tx writes and the lock's
@@ -63,10 +71,22 @@ import (
 // while a statement ran in tx, the driver has closed tx's connection: tx
 // is then rolled back and unusable. After any error, roll tx back: it may
 // hold the name's transaction-lock row, which keeps other transactions
-// waiting until it ends. Locking a name again in the same tx returns nil
-// at once (the hold is one, and ends with tx); a Lock of the name in this
-// process waits until tx ends, and LockTx with an owner that holds the
-// name through Lock returns [ErrDeadlock].
+// waiting until it ends. A Lock of the name in this process waits until
+// tx ends, and LockTx with an owner that holds the name through Lock
+// returns [ErrDeadlock].
+//
+// LockTx again in the same tx returns nil only when tx holds the name in
+// the database at that moment (the hold is one, and ends with tx); it asks
+// the database with two statements in tx (a plain read of the lock row,
+// and, when that shows tx's hold, a locking read of it). ROLLBACK TO a SAVEPOINT taken after LockTx keeps the
+// hold. ROLLBACK TO a SAVEPOINT taken before it ends the hold while tx
+// goes on: the database lets go of tx's row locks, the session frees the
+// row in the background (at once, or within 500ms where its *sql.DB has a
+// connection limit), and another holder may take the lock while tx runs.
+// LockTx (or TryLockTx) again in tx then takes the lock anew, as a first
+// LockTx does, with a new fence, after waiting for the session to free the
+// row: that is what a caller who rolled the hold back and asks for it again
+// means.
 //
 // A LockTx hold counts in the session's [Stats] as a Lock does ([Session.Stats]),
 // has a fence ([Mutex.Fence], until the process learns that tx ended), and
@@ -79,7 +99,10 @@ import (
 // must still be in its transaction: after a COMMIT (or an implicitly
 // committing statement) run through it, LockTx returns [ErrNotHeld]. It
 // checks that with MariaDB's @@in_transaction; on MySQL it returns an
-// error wrapping [errors.ErrUnsupported].
+// error wrapping [errors.ErrUnsupported]. If tx's connection has begun
+// another transaction since (a BEGIN run through tx, or autocommit off),
+// LockTx holds the name for that one, or returns [ErrNotHeld] when another
+// holder has taken it since the COMMIT.
 //
 // On a Galera cluster LockTx returns an error wrapping
 // [errors.ErrUnsupported]: row locks are per node there, so a transaction
@@ -94,9 +117,12 @@ func (m *Mutex) LockTx(ctx context.Context, tx *sql.Tx) error {
 // TryLockTx makes one attempt to acquire the lock for tx, as [Mutex.LockTx]
 // does, without waiting. It returns true, nil when acquired; false, nil
 // when another holder has it; and false with an error as LockTx does
-// otherwise. After false, roll tx back (on a server that rolls back
-// transactions on lock wait timeouts, innodb_rollback_on_timeout, the
-// database has done so already).
+// otherwise. Again in the same tx it returns true only when tx holds the
+// name in the database at that moment; after ROLLBACK TO a SAVEPOINT taken
+// before the hold it waits for the session to free the row the rollback
+// gave back to it, then makes its one attempt (see LockTx). After false,
+// roll tx back (on a server that rolls back transactions on lock wait
+// timeouts, innodb_rollback_on_timeout, the database has done so already).
 func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 	return m.lockTx(ctx, tx, false)
 }
@@ -130,26 +156,41 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	// 1. The transaction-lock row, before anything local: two transactions
-	// of this process that lock names in opposite orders must meet in the
-	// database, which sees the deadlock. It is created outside tx.
+	l := m.s.locks.ref(m.name)
+	again, held, err := m.txHeld(ctx, tx, q, l)
+	if held || err != nil {
+		m.s.locks.unref(m.name)
+		return held, err
+	}
+	// 1. The transaction-lock row, before any wait in the process: two
+	// transactions of this process that lock names in opposite orders must
+	// meet in the database, which sees the deadlock. It is created outside
+	// tx.
 	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, 1062) {
+		m.s.locks.unref(m.name)
 		return false, err
 	}
 	if got, err := m.txLock(ctx, tx, q, wait); !got || err != nil {
+		m.s.locks.unref(m.name)
 		return false, err
 	}
+	if again {
+		// The hold this process recorded for tx has ended in the database
+		// (tx rolled back to a savepoint taken before it): the session
+		// frees the row, which the rollback gave back to it, and ends the
+		// hold in the process (awaitTxEnd) at once, tx no longer holding
+		// the row locked. Wait for that, then take the lock anew.
+		if _, err := m.s.enter(ctx, l, true); err != nil {
+			m.s.locks.unref(m.name)
+			return false, err
+		}
+		l.leave()
+	}
 	owner := ownerOf(ctx)
-	l := m.s.locks.ref(m.name)
 	l.mu.Lock()
-	again := l.held && l.tx == tx
 	mine := l.held && owner != 0 && l.owner == owner
 	l.mu.Unlock()
-	switch {
-	case again:
-		m.s.locks.unref(m.name)
-		return true, nil
-	case mine:
+	if mine {
 		m.s.locks.unref(m.name)
 		return false, fmt.Errorf("%w: the owner in ctx holds it through Lock", ErrDeadlock)
 	}
@@ -189,7 +230,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	l.take(0, fence, token)
 	l.tx = tx
 	l.mu.Unlock()
-	if !m.s.watchTx(l, m.name, token) {
+	if !m.s.watchTx(l, m.name, token, fence) {
 		// Closing: the session cannot learn when tx ends. tx holds the
 		// lock until then all the same; the caller is told to roll back.
 		l.mu.Lock()
@@ -201,6 +242,49 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	}
 	m.s.armBell()
 	return true, nil // the reference from ref now belongs to the hold
+}
+
+// txHeld asks the database whether tx holds the name now through the hold
+// this process recorded for it in l (again: there is one). The record
+// alone proves nothing: the hold ends while tx goes on after ROLLBACK TO a
+// SAVEPOINT taken before it (the database lets go of the row locks taken
+// since), or a COMMIT run through tx. Two statements in tx: a plain read of
+// the lock row as tx sees it (qTxHeld), which locks nothing whatever the
+// row's state; and, when it shows the hold's mark, a locking read that
+// confirms the mark on the row's latest version (qTxHeldLock), because a
+// mark committed by a COMMIT run through tx also shows to a later
+// transaction of tx's connection. It returns ErrNotHeld when tx is in no
+// transaction, or committed the hold; held false and no error when the
+// hold was rolled back: the caller takes the lock anew.
+func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, l *localLock) (again, held bool, err error) {
+	l.mu.Lock()
+	again = l.held && l.tx == tx
+	token, fence := l.token, l.fence
+	l.mu.Unlock()
+	if !again {
+		return false, false, nil
+	}
+	var marked, inTx bool
+	err = tx.QueryRowContext(ctx, q.held, -token, fence, m.name).Scan(&marked, &inTx)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return true, false, nil
+	case err != nil:
+		return true, false, err
+	case !inTx:
+		return true, false, fmt.Errorf("%w: tx is in no transaction (a COMMIT or ROLLBACK ran through it), and its hold has ended", ErrNotHeld)
+	case !marked:
+		return true, false, nil // rolled back
+	}
+	var one int
+	err = tx.QueryRowContext(ctx, q.heldLock, m.name, -token, fence).Scan(&one)
+	switch {
+	case err == nil:
+		return true, true, nil
+	case errors.Is(err, sql.ErrNoRows) || isErrNo(err, 1205, 3572):
+		return true, false, fmt.Errorf("%w: a COMMIT ran through tx, which ended its hold, and the lock has been taken since", ErrNotHeld)
+	}
+	return true, false, err
 }
 
 // txLock locks the name's transaction-lock row in tx (qTxLock): at once or
@@ -283,16 +367,16 @@ func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
 }
 
 // watchTx starts the goroutine that ends the LockTx hold of name (token,
-// held in l) when its transaction ends. It reports false, starting
+// fence, held in l) when its transaction ends. It reports false, starting
 // nothing, once Close has begun.
-func (s *Session) watchTx(l *localLock, name string, token int64) bool {
+func (s *Session) watchTx(l *localLock, name string, token, fence int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.txClosed {
 		return false
 	}
 	s.txHolds.Add(1)
-	go s.awaitTxEnd(l, name, token)
+	go s.awaitTxEnd(l, name, token, fence)
 	return true
 }
 
@@ -323,19 +407,19 @@ const txIdleConns = 4
 const txPollMax = 500 * time.Millisecond
 
 // awaitTxEnd waits for the transaction of a LockTx hold to end, and ends
-// the hold: a commit has freed the row, and the release of the row by the
-// hold's token (qLockRelease) changes nothing; after a rollback the release
-// frees it. Then it rings the doorbell (waiters of other sessions wait on
-// it: the row reads as held by this session), and ends the hold in the
-// process. Where the *sql.DB has no connection limit (as for doorbells),
-// the release blocks on a connection of its own until the transaction's
-// row lock goes, up to the lock wait timeout of qSetSession at a time;
+// the hold (qTxHoldEnd): a commit has freed the row, and the statement
+// clears the hold's mark; after a rollback, whole or to a savepoint taken
+// before the hold, it frees the row. Then it rings the doorbell (waiters
+// of other sessions wait on it: the row reads as held by this session),
+// and ends the hold in the process. Where the *sql.DB has no connection
+// limit (as for doorbells), the statement blocks on a connection of its
+// own until the transaction's row lock goes, up to the lock wait timeout of qSetSession at a time;
 // else it runs on the session's connections without waiting
 // (execNoWait), as often as the back-off (up to txPollMax) says, so that
 // it never takes a connection of the caller's share. When the session
 // ends first, the hold ends in the process only; the transaction keeps the
 // row until it ends, and the lease's end frees it after a rollback.
-func (s *Session) awaitTxEnd(l *localLock, name string, token int64) {
+func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 	defer s.txHolds.Done()
 	ctx := s.stopped
 	var c *connpool.Conn
@@ -348,12 +432,12 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token int64) {
 		var err error
 		switch {
 		case !s.bell.allowed:
-			_, err = s.execNoWait(ctx, sLockRelease, sLockReleaseNoWait, name, s.id, token)
+			_, err = s.execNoWait(ctx, sTxHoldEnd, sTxHoldEndNoWait, name, s.id, token, -token, fence)
 		case c == nil:
 			c, err = s.pool.Dedicated(ctx)
 		}
 		if err == nil && c != nil {
-			_, err = s.execOn(ctx, c, sLockRelease, name, s.id, token)
+			_, err = s.execOn(ctx, c, sTxHoldEnd, name, s.id, token, -token, fence)
 		}
 		switch {
 		case err == nil:

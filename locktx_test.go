@@ -733,3 +733,272 @@ func TestSweepDeletesIdleTxLockRows(t *testing.T) {
 		t.Fatalf("txlock rows after a sweep with one held: got %d; want 1", n)
 	}
 }
+
+// txRounds is how many holds the tests of a hold that ends while its
+// transaction goes on take: the session learns of that end in the
+// background, so a LockTx that trusted what the process recorded failed
+// only for some of them where the *sql.DB has no connection limit.
+// Where it has one, the session learns of it late, and that LockTx failed
+// for every hold: there they take txRoundsLimited.
+const (
+	txRounds        = 20
+	txRoundsLimited = 4
+)
+
+// txRoundsFor returns how many holds to take for a session whose *sql.DB
+// allows maxOpen connections.
+func txRoundsFor(maxOpen int) int {
+	if maxOpen > 0 {
+		return txRoundsLimited
+	}
+	return txRounds
+}
+
+// txExec runs query in tx, failing the test on an error.
+func txExec(t *testing.T, tx *sql.Tx, query string) {
+	t.Helper()
+	if _, err := tx.Exec(query); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+}
+
+// txSessionDBs are the *sql.DB limits of the session under the tests of a
+// hold that ends while its transaction goes on: none (the session blocks
+// on a connection of its own until the transaction's row lock goes), and a
+// limit (it checks for the end now and then, less often as the hold ages).
+var txSessionDBs = []int{0, 4}
+
+// txHold is one LockTx hold of a test: its transaction, and the Mutex of
+// the holding session and of another one.
+type txHold struct {
+	tx       *sql.Tx
+	m, rival *dsync.Mutex
+}
+
+// takeTxHolds takes n LockTx holds of names unique to the test, each in a
+// transaction of its own at iso on db, by s1 (rival: the same name through
+// s2), after a SAVEPOINT a in each transaction when savepoint is set. Where
+// s1's *sql.DB has a connection limit (maxOpen), it then waits until s1
+// checks for the ends of the holds only now and then (at most every
+// 500ms), as it does for holds that have lasted a while.
+//
+// The names' rows are made first, by a transaction at READ COMMITTED of a
+// third session: at REPEATABLE READ, a transaction holding a row keeps a
+// gap locked after a page split moves it, and a row inserted there waits
+// for the transaction's end.
+func takeTxHolds(t *testing.T, db *sql.DB, iso sql.IsolationLevel, s1, s2 *dsync.Session, maxOpen, n int, savepoint bool) []txHold {
+	t.Helper()
+	ctx := context.Background()
+	base := lockName(t)
+	names := make([]string, n)
+	s0, tx0 := newSession(t), beginTx(t, db, sql.LevelReadCommitted)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s/%d", base, i)
+		if err := dsync.NewMutex(s0, names[i]).LockTx(ctx, tx0); err != nil {
+			t.Fatalf("making the row of %s: %v", names[i], err)
+		}
+	}
+	if err := tx0.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	holds := make([]txHold, n)
+	for i, name := range names {
+		h := txHold{tx: beginTx(t, db, iso), m: dsync.NewMutex(s1, name), rival: dsync.NewMutex(s2, name)}
+		if savepoint {
+			txExec(t, h.tx, "SAVEPOINT a")
+		}
+		if err := h.m.LockTx(ctx, h.tx); err != nil {
+			t.Fatalf("hold %d: LockTx: %v", i, err)
+		}
+		holds[i] = h
+	}
+	if maxOpen > 0 {
+		time.Sleep(600 * time.Millisecond)
+	}
+	return holds
+}
+
+// TestLockTxAgainAfterRollbackToSavepoint: ROLLBACK TO SAVEPOINT taken
+// before LockTx lets go of the hold's row locks while tx goes on. LockTx or
+// TryLockTx again in tx must then take the lock anew: until tx ends,
+// another session's TryLock fails.
+func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
+	for _, iso := range isolations {
+		for _, maxOpen := range txSessionDBs {
+			t.Run(fmt.Sprintf("%v/maxOpen=%d", iso, maxOpen), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				s1 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen))
+				s2 := newSession(t)
+				holds := takeTxHolds(t, dbtest.Open(t), iso, s1, s2, maxOpen, txRoundsFor(maxOpen), true)
+				for i, h := range holds {
+					txExec(t, h.tx, "ROLLBACK TO SAVEPOINT a")
+					if i%2 == 0 {
+						if err := h.m.LockTx(ctx, h.tx); err != nil {
+							t.Fatalf("hold %d: LockTx after ROLLBACK TO SAVEPOINT: got %v; want nil", i, err)
+						}
+					} else if ok, err := h.m.TryLockTx(ctx, h.tx); !ok || err != nil {
+						t.Fatalf("hold %d: TryLockTx after ROLLBACK TO SAVEPOINT: got %v, %v; want true, nil", i, ok, err)
+					}
+					if h.m.Fence() <= 0 {
+						t.Fatalf("hold %d: Fence of the hold taken again: got %d; want > 0", i, h.m.Fence())
+					}
+				}
+				if maxOpen > 0 {
+					// By now s1 has freed the rows the rollbacks gave back
+					// to it (at once where it has no connection limit).
+					time.Sleep(600 * time.Millisecond)
+				}
+				for i, h := range holds {
+					if ok, err := h.rival.TryLock(ctx); ok || err != nil {
+						t.Fatalf("hold %d: another session's TryLock while tx holds the lock again: got %v, %v; want false, nil", i, ok, err)
+					}
+					if err := h.tx.Commit(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestLockTxAfterCommitThroughTx: a COMMIT run through tx ends its hold, and
+// tx's connection is in no transaction: LockTx again returns ErrNotHeld,
+// never nil. After a BEGIN run through tx too, LockTx either holds the lock
+// for the new transaction (another session's TryLock fails) or returns
+// ErrNotHeld.
+func TestLockTxAfterCommitThroughTx(t *testing.T) {
+	for _, begin := range []bool{false, true} {
+		for _, maxOpen := range txSessionDBs {
+			t.Run(fmt.Sprintf("begin=%v/maxOpen=%d", begin, maxOpen), func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				s1 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen))
+				s2 := newSession(t)
+				for i, h := range takeTxHolds(t, dbtest.Open(t), sql.LevelRepeatableRead, s1, s2, maxOpen, txRoundsFor(maxOpen), false) {
+					txExec(t, h.tx, "COMMIT")
+					var inTx bool
+					if err := h.tx.QueryRow("SELECT @@in_transaction").Scan(&inTx); err != nil || inTx {
+						t.Fatalf("hold %d: @@in_transaction after COMMIT through tx: got %v, %v; want false, nil", i, inTx, err)
+					}
+					if begin {
+						txExec(t, h.tx, "BEGIN")
+					}
+					err := h.m.LockTx(ctx, h.tx)
+					switch {
+					case err == nil && !begin:
+						ok, _ := h.rival.TryLock(ctx)
+						t.Fatalf("hold %d: LockTx with tx in no transaction: got nil (another session's TryLock: %v); want ErrNotHeld", i, ok)
+					case err == nil:
+						if ok, err := h.rival.TryLock(ctx); ok || err != nil {
+							t.Fatalf("hold %d: LockTx after COMMIT and BEGIN through tx returned nil, and another session's TryLock got %v, %v; want false, nil", i, ok, err)
+						}
+					case !errors.Is(err, dsync.ErrNotHeld):
+						t.Fatalf("hold %d: LockTx after COMMIT through tx: got %v; want ErrNotHeld", i, err)
+					}
+					h.tx.Rollback()
+				}
+			})
+		}
+	}
+}
+
+// TestLockTxKeptByRollbackToALaterSavepoint: ROLLBACK TO SAVEPOINT taken
+// after LockTx keeps the hold: another session's TryLock fails until tx
+// ends, and LockTx again in tx returns nil at once.
+func TestLockTxKeptByRollbackToALaterSavepoint(t *testing.T) {
+	for _, iso := range isolations {
+		t.Run(iso.String(), func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			s1, s2 := newSession(t), newSession(t)
+			name := lockName(t)
+			m1, m2 := dsync.NewMutex(s1, name), dsync.NewMutex(s2, name)
+			tx := beginTx(t, db, iso)
+			if err := m1.LockTx(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			fence := m1.Fence()
+			txExec(t, tx, "SAVEPOINT b")
+			txExec(t, tx, "ROLLBACK TO SAVEPOINT b")
+			if ok, err := m2.TryLock(ctx); ok || err != nil {
+				t.Fatalf("TryLock after ROLLBACK TO a savepoint taken after LockTx: got %v, %v; want false, nil", ok, err)
+			}
+			if err := m1.LockTx(ctx, tx); err != nil {
+				t.Fatalf("LockTx again: got %v; want nil", err)
+			}
+			if got := m1.Fence(); got != fence {
+				t.Fatalf("Fence of the kept hold: got %d; want %d", got, fence)
+			}
+			if ok, err := m2.TryLock(ctx); ok || err != nil {
+				t.Fatalf("TryLock after LockTx again: got %v, %v; want false, nil", ok, err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := m2.Lock(lctx); err != nil {
+				t.Fatalf("Lock after the commit: got %v; want nil", err)
+			}
+			m2.Unlock(ctx)
+		})
+	}
+}
+
+// TestLockTxEndedByRollbackToSavepoint: after ROLLBACK TO SAVEPOINT taken
+// before LockTx, and no LockTx again, the hold is over while tx goes on:
+// another session gets the lock, and the first session's process neither
+// thinks it holds the lock (its TryLockTx in tx fails while the other
+// holds it) nor keeps it: Lock in that process works, while tx runs and
+// after.
+func TestLockTxEndedByRollbackToSavepoint(t *testing.T) {
+	for _, maxOpen := range txSessionDBs {
+		t.Run(fmt.Sprintf("maxOpen=%d", maxOpen), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			db := dbtest.Open(t)
+			s1 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen))
+			s2 := newSession(t)
+			name := lockName(t)
+			m1, m2 := dsync.NewMutex(s1, name), dsync.NewMutex(s2, name)
+			tx := beginTx(t, db, sql.LevelRepeatableRead)
+			txExec(t, tx, "SAVEPOINT a")
+			if err := m1.LockTx(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			txExec(t, tx, "ROLLBACK TO SAVEPOINT a")
+			// The hold is over: another session gets the lock while tx runs.
+			if err := m2.Lock(ctx); err != nil {
+				t.Fatalf("another session's Lock after ROLLBACK TO SAVEPOINT: got %v; want nil", err)
+			}
+			if ok, err := m1.TryLockTx(ctx, tx); ok || err != nil {
+				t.Fatalf("TryLockTx in tx while another session holds the lock: got %v, %v; want false, nil", ok, err)
+			}
+			if err := m2.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := m1.Lock(ctx); err != nil {
+				t.Fatalf("Lock in the first process while tx runs: %v", err)
+			}
+			if m1.Fence() <= 0 {
+				t.Fatalf("Fence of that Lock: got %d; want > 0", m1.Fence())
+			}
+			if err := m1.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m1.Lock(ctx); err != nil {
+				t.Fatalf("Lock in the first process after tx: %v", err)
+			}
+			if err := m1.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st := s1.Stats(); st.Held != 0 {
+				t.Fatalf("Stats of the first session at the end: %d held; want 0", st.Held)
+			}
+		})
+	}
+}

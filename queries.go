@@ -375,7 +375,7 @@ ORDER BY l.id = k.holder DESC LIMIT 1`
 )
 
 // Transaction lock statements (Mutex.LockTx, see locktx.go). The first
-// three run in the caller's transaction, at whatever isolation level and
+// five run in the caller's transaction, at whatever isolation level and
 // sql_mode it has; they read no other row (no subquery, so no shared locks
 // on lease rows that a renewal would wait for), name their tables with the
 // session's database (see txQueries), and lock by primary key only, which
@@ -400,14 +400,39 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// transaction, so the row is free when the transaction commits, and
 	// the transaction holds the row locked until it ends. Every other
 	// acquirer writes the row and so waits for that end; a reader of the
-	// committed row sees it held by the session. Args: name, lease id,
+	// committed row sees it held by the session. The freed row carries the
+	// hold's mark, token = -token (with the acquisition's fence), which no
+	// other write leaves, so that the transaction can tell its own write
+	// from a row freed otherwise (qTxHeld). Args: name, lease id,
 	// token. RowsAffected 1: handed over; 0: the session no longer holds
 	// it, or tx's connection is in no transaction (tx ran a COMMIT or an
 	// implicitly committing statement, or was rolled back by a lock wait
 	// timeout): then the UPDATE would commit at once. @@in_transaction is
 	// MariaDB's; MySQL answers 1193 (unknown variable), and LockTx
 	// reports that it needs MariaDB.
-	qTxHold = `UPDATE {lock} SET holder = 0, token = 0 WHERE name = ? AND holder = ? AND token = ? AND @@in_transaction = 1`
+	qTxHold = `UPDATE {lock} SET holder = 0, token = -token WHERE name = ? AND holder = ? AND token = ? AND @@in_transaction = 1`
+
+	// qTxHeld reads, in the transaction, the lock row as the transaction
+	// sees it: whether it carries the hold's mark (see qTxHold), and
+	// whether the connection is in a transaction. A plain read: it locks
+	// nothing, so it never holds up anyone, whatever the row's state. The
+	// transaction's own write shows until it is rolled back (ROLLBACK TO a
+	// SAVEPOINT taken before the hold undoes it); the mark also shows when
+	// the hold's transaction committed and the connection has begun
+	// another one (then qTxHeldLock decides). Args: -token, fence, name.
+	// No row: no hold.
+	qTxHeld = `SELECT holder = 0 AND token = ? AND fence = ?, @@in_transaction FROM {lock} WHERE name = ?`
+
+	// qTxHeldLock locks the lock row in the transaction, without waiting,
+	// if its latest version (or the transaction's own) carries the hold's
+	// mark: after qTxHeld saw the mark, a row returned means the
+	// transaction holds the row locked, free with the hold's fence, which
+	// nobody has taken since. Run only after qTxHeld saw the mark: at
+	// REPEATABLE READ a locking read keeps the row locked even when it
+	// does not match. Args: name, -token, fence. No row, or 1205 (MariaDB)
+	// or 3572 (MySQL): the hold's transaction committed, and the lock is
+	// not the transaction's.
+	qTxHeldLock = `SELECT 1 FROM {lock} WHERE name = ? AND holder = 0 AND token = ? AND fence = ? FOR UPDATE NOWAIT`
 
 	// qTxRollbackOnTimeout reads, in the caller's transaction after a lock
 	// wait timeout, whether that timeout rolled back the whole transaction
@@ -430,6 +455,18 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// meanwhile.
 	qTxLockCreate = `INSERT INTO {txlock} (name, used_at)
 SELECT ?, UTC_TIMESTAMP(6) FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {txlock} WHERE name = ?)`
+
+	// qTxHoldEnd ends a LockTx hold in the lock table once its transaction
+	// has ended, on a session connection, waiting for the transaction's
+	// row lock while it runs. After a rollback (the row is back as the
+	// session held it: lease id, token) it frees the row; after a commit
+	// (the row is free, with the hold's mark: see qTxHold) it clears the
+	// mark, so that a statement of a later transaction of the same
+	// connection cannot take a committed mark for a hold (qTxHeld). Args:
+	// name, lease id, token, -token, fence. RowsAffected 0: the row was
+	// taken since (a lease that ended, or a commit and another holder).
+	qTxHoldEnd = `UPDATE {lock} SET holder = 0, token = 0
+WHERE name = ? AND ((holder = ? AND token = ?) OR (holder = 0 AND token = ? AND fence = ?))`
 
 	// qTxLockIdle lists up to limit transaction-lock rows unused for age
 	// microseconds, for the sweep (a plain read: no locks). Args: age,
@@ -904,6 +941,8 @@ const (
 	sTxLockIdle
 	sTxLockSweepDelete
 	sTxLockSweepDeleteNoWait
+	sTxHoldEnd
+	sTxHoldEndNoWait
 	numStmts
 )
 
@@ -984,6 +1023,8 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTxLockIdle] = r.Replace(qTxLockIdle)
 	q.prepared[sTxLockSweepDelete] = r.Replace(qTxLockSweepDelete)
 	q.prepared[sTxLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qTxLockSweepDelete)
+	q.prepared[sTxHoldEnd] = r.Replace(qTxHoldEnd)
+	q.prepared[sTxHoldEndNoWait] = noWaitSQL + r.Replace(qTxHoldEnd)
 	return q
 }
 
@@ -993,11 +1034,13 @@ func newQueries(prefix string) *queries {
 // transaction's connection has selected.
 type txQueries struct {
 	lock, lockNoWait, hold string
-	rollbackOnTimeout      bool // as read when they were made (see qTxSession)
+	held, heldLock         string // qTxHeld, qTxHeldLock
+	rollbackOnTimeout      bool   // as read when they were made (see qTxSession)
 }
 
 func newTxQueries(database, prefix string) *txQueries {
 	db := "`" + strings.ReplaceAll(database, "`", "``") + "`."
 	r := strings.NewReplacer("{lock}", db+"`"+prefix+"lock`", "{txlock}", db+"`"+prefix+"txlock`")
-	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(qTxHold)}
+	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(qTxHold),
+		held: r.Replace(qTxHeld), heldLock: r.Replace(qTxHeldLock)}
 }
