@@ -559,6 +559,16 @@ func (s *Session) TTL() time.Duration { return s.opts.ttl }
 // beside long work done under a lock, and stop that work when it closes.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
+// Deadline returns the local time until which the lease is known to hold:
+// the last successful renewal's send time plus the TTL, less the safety
+// margin of TTL/5 (the server keeps the lease at least TTL/5 longer). A
+// renewal that succeeds moves it later; when none does before it, Done
+// closes then. It has a monotonic clock reading, so [time.Until] of it is
+// exact. Once the session has ended it no longer moves.
+func (s *Session) Deadline() time.Time {
+	return s.origin.Add(time.Duration(s.deadline.Load()))
+}
+
 // Err returns nil while the session is live, [ErrSessionExpired] once its
 // lease was lost, and [ErrSessionClosed] after Close. It checks the renewal
 // deadline itself: after the process was paused (SIGSTOP, a VM pause) past
