@@ -61,7 +61,10 @@ const usage = `usage:
       -n, --nonblock   fail at once if the lock is taken
       --fair | --read | --write
                        FairMutex; RWMutex read side; RWMutex write side (default: Mutex)
-      --grace D        on lease loss: SIGTERM to the command, SIGKILL after D (default 10s)
+      --grace D        when renewals fail and the lease ends in D: SIGTERM to the
+                       command's process group, SIGKILL D later, as the lease ends;
+                       the group is dead and reaped before the database can give the
+                       lock to another (at most TTL/4; default TTL/4, at most 10s)
       --label L        holder label (default host:pid)
       --connect-timeout D
                        give up connecting after D (default 10s)
@@ -71,7 +74,8 @@ const usage = `usage:
                                                free a Mutex held by a live session
 ls and release also take --connect-timeout D, which bounds the whole command.
 Exit status of run: the command's; 128+N when it died of signal N; 75 lock not
-obtained; 70 lease lost while the command ran; 69 database unusable; 64 usage.
+obtained; 70 lease lost or at risk while the command ran (dsync stopped it);
+69 database unusable; 64 usage.
 `
 
 var (
