@@ -159,10 +159,62 @@ func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64
 		case creates == maxCreates:
 			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, err
 		}
 	}
+}
+
+// createQueueRow creates the name's queue row (qQueueCreate), unless it
+// exists, in one transaction with qQueueBind, which binds the name to the
+// queued locks (see "One name, one kind" in queries.go). It returns
+// ErrOtherKind when a Mutex uses the name, and creates nothing then.
+func (s *Session) createQueueRow(ctx context.Context, name string) error {
+	kind := -1 // no lock row
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(sLockKind))
+		if err != nil {
+			return err
+		}
+		if err := st.QueryRowContext(ctx, name).Scan(&kind); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if kind == kindRowMutex {
+			return nil // without a write, and without waiting for a LockTx that holds the row
+		}
+		bind, err := c.Stmt(ctx, s.pool, int(sQueueBind))
+		if err != nil {
+			return err
+		}
+		create, err := c.Stmt(ctx, s.pool, int(sQueueCreate))
+		if err != nil {
+			return err
+		}
+		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
+			return nil, s.enqueueTx(ctx, c, func() error {
+				res, err := bind.ExecContext(ctx, name)
+				var bound int64
+				if err == nil {
+					bound, err = res.LastInsertId()
+				}
+				if err != nil {
+					return err
+				}
+				if bound == otherKind {
+					kind = kindRowMutex // a Mutex created the row since the read: nothing was written
+					return nil
+				}
+				kind = kindRowQueued
+				_, err = create.ExecContext(ctx, name)
+				return err
+			})
+		})
+		return err
+	})
+	if err == nil && kind == kindRowMutex {
+		return otherKindError(kindRowMutex)
+	}
+	return err
 }
 
 // insertTicket inserts a ticket, creating the name's row when it is
@@ -209,7 +261,7 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		case creates == maxCreates:
 			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, false, err
 		}
 	}
@@ -320,7 +372,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 		case creates == maxCreates:
 			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -1043,7 +1043,8 @@ const (
 // returns the new fence, or 0 when not taken. Its outcome is unknown when
 // the statement failed other than by a server error (the connection
 // broke, ctx ended): then the attempt is undone (see undo) before the
-// error is returned, so that no row is left held without a holder.
+// error is returned, so that no row is left held without a holder. A
+// name that the queued locks use gives ErrOtherKind.
 func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (int64, error) {
 	var res sql.Result
 	var err error
@@ -1064,7 +1065,11 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode
 		}
 		return 0, err
 	}
-	return res.LastInsertId()
+	fence, err := res.LastInsertId()
+	if fence == otherKind {
+		return 0, otherKindError(kindRowQueued) // see "One name, one kind" in queries.go
+	}
+	return fence, err
 }
 
 // noWaitLockWaits is how often execNoWait runs a statement again after it
