@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,5 +182,79 @@ func TestKindsRace(t *testing.T) {
 	t.Logf("%d rounds, %d overlaps; fresh names won by %v", rounds.Load(), overlaps.Load(), wins)
 	if n := overlaps.Load(); n != 0 {
 		t.Errorf("rounds in which both kinds held the name at once: got %d; want 0", n)
+	}
+}
+
+// TestKindsUnboundBySweep: a name stays bound to its kind while its rows
+// exist, and is free for the other kind once the clean-up has deleted
+// them: for a queued lock, its queue row first, then its lock row, a pass
+// later. The fences go on rising across the kinds.
+func TestKindsUnboundBySweep(t *testing.T) {
+	bg := context.Background()
+	prefix := privatePrefix("kinds")
+	db := dbtest.Open(t)
+	s := newSession(t, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))
+	name := lockName(t)
+	rows := func() (lock, queue int) {
+		t.Helper()
+		for _, c := range []struct {
+			table string
+			n     *int
+		}{{"lock", &lock}, {"queue", &queue}} {
+			if err := db.QueryRow("SELECT COUNT(*) FROM `"+prefix+c.table+"` WHERE name = ?", name).Scan(c.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return lock, queue
+	}
+	// sweepUntil runs passes until the name has no lock row, checking
+	// before each that the other kind is refused.
+	sweepUntil := func(other func() error, otherKind string) (passes []string) {
+		t.Helper()
+		for range 12 {
+			l, q := rows()
+			passes = append(passes, fmt.Sprintf("lock %d queue %d", l, q))
+			if l == 0 && q == 0 {
+				return passes
+			}
+			if err := other(); !errors.Is(err, dsync.ErrOtherKind) {
+				t.Fatalf("%s with rows %v: got %v; want ErrOtherKind", otherKind, passes[len(passes)-1], err)
+			}
+			time.Sleep(2 * time.Millisecond)
+			dsync.SweepPass(s, time.Millisecond)
+		}
+		t.Fatalf("rows of %q after 12 passes: %v; want none", name, passes)
+		return nil
+	}
+
+	f, m := dsync.NewFairMutex(s, name), dsync.NewMutex(s, name)
+	if err := f.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	fairFence := f.Fence()
+	if err := f.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+	passes := sweepUntil(func() error { _, err := m.TryLock(bg); return err }, "Mutex.TryLock")
+	if want := "lock 1 queue 0"; !slices.Contains(passes, want) {
+		t.Errorf("rows through the passes: %v; want the queue row gone before the lock row (%q)", passes, want)
+	}
+	t.Logf("FairMutex's rows through the passes: %v", passes)
+	mustLock(t, m, bg)
+	if got := m.Fence(); got <= fairFence {
+		t.Errorf("Mutex fence after the FairMutex's rows went: got %d; want > %d", got, fairFence)
+	}
+	mutexFence := m.Fence()
+	mustUnlock(t, m, bg)
+
+	sweepUntil(func() error { _, err := f.TryLock(bg); return err }, "FairMutex.TryLock")
+	if err := f.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Fence(); got <= mutexFence {
+		t.Errorf("FairMutex fence after the Mutex's row went: got %d; want > %d", got, mutexFence)
+	}
+	if err := f.Unlock(bg); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -236,6 +236,11 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 	case errors.Is(err, context.DeadlineExceeded):
 		fmt.Fprintf(stderr, "dsync: lock %q not obtained within --wait %v\n", c.name, c.wait)
 		return exitNotObtained
+	case errors.Is(err, dsync.ErrOtherKind):
+		// At once, whatever --wait says: the name stays bound to the other
+		// kind while its rows exist, so waiting would not end.
+		fmt.Fprintf(stderr, "dsync: lock %q not obtained: %v (dsync run takes a Mutex; --fair, --read and --write the queued lock); the command did not run\n", c.name, err)
+		return exitOtherKind
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())
 	}

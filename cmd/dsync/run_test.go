@@ -51,11 +51,11 @@ func TestExitStatusCommandSignalled(t *testing.T) {
 func TestExitStatusNotObtained(t *testing.T) {
 	bg := context.Background()
 	s := newSession(t, dsync.WithLabel("test-holder"))
-	name := lockName(t)
+	name, qname := lockName(t), lockName(t)+"/queued"
 	if err := dsync.NewMutex(s, name).Lock(bg); err != nil {
 		t.Fatal(err)
 	}
-	if err := dsync.NewFairMutex(s, name).Lock(bg); err != nil { // the queued lock of the name
+	if err := dsync.NewFairMutex(s, qname).Lock(bg); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -77,6 +77,10 @@ func TestExitStatusNotObtained(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ran := filepath.Join(t.TempDir(), "ran")
+			name := name
+			if tt.flags[0] == "--fair" || tt.flags[0] == "--read" || tt.flags[0] == "--write" {
+				name = qname
+			}
 			r := runDsync(t, args([]string{"run"}, tt.flags, []string{name, "--", "touch", ran})...)
 			if r.code != exitNotObtained {
 				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitNotObtained, r.stderr)
@@ -91,6 +95,91 @@ func TestExitStatusNotObtained(t *testing.T) {
 				t.Errorf("stderr: got %q; want it to say %q", r.stderr, tt.response)
 			}
 		})
+	}
+}
+
+// TestExitStatusOtherKind: 78 when another kind of lock uses the name (a
+// Mutex against --fair, --read and --write, and the other way round),
+// held or idle, at once whatever --wait says; the command never runs. Two
+// dsync runs of different kinds started together: exactly one runs its
+// command, the other exits 78. (Before, the kinds were two locks: every
+// one of these ran its command.)
+func TestExitStatusOtherKind(t *testing.T) {
+	bg := context.Background()
+	s := newSession(t, dsync.WithLabel("test-holder"))
+	name, qname := lockName(t), lockName(t)+"/queued"
+	m, f := dsync.NewMutex(s, name), dsync.NewFairMutex(s, qname)
+	if err := m.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	check := func(t *testing.T, r result, ran string) {
+		t.Helper()
+		if r.code != exitOtherKind {
+			t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitOtherKind, r.stderr)
+		}
+		if exists(ran) {
+			t.Errorf("the command ran")
+		}
+		if !strings.Contains(r.stderr, "another kind of lock") {
+			t.Errorf("stderr: got %q; want it to say %q", r.stderr, "another kind of lock")
+		}
+	}
+	for _, held := range []bool{true, false} {
+		for _, tt := range []struct {
+			name  string
+			flags []string
+		}{
+			{name, []string{"--fair"}},
+			{name, []string{"--read"}},
+			{name, []string{"--write", "--wait", "10s"}},
+			{name, []string{"--fair", "-n"}},
+			{qname, nil},
+			{qname, []string{"--wait", "10s"}},
+			{qname, []string{"-n"}},
+		} {
+			t.Run(fmt.Sprintf("held %v, %s %v", held, map[bool]string{true: "Mutex", false: "FairMutex"}[tt.name == name], tt.flags), func(t *testing.T) {
+				ran := filepath.Join(t.TempDir(), "ran")
+				check(t, runDsync(t, args([]string{"run"}, tt.flags, []string{tt.name, "--", "touch", ran})...), ran)
+			})
+		}
+		if !held {
+			break
+		}
+		if err := m.Unlock(bg); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Unlock(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Two dsync runs of different kinds started together.
+	for round, kind := range [][]string{{"--fair"}, {"--read"}, {"--write"}} {
+		race := fmt.Sprintf("%s/race/%d", lockName(t), round)
+		dir := t.TempDir()
+		var ps []*proc
+		for i, flags := range [][]string{nil, kind} {
+			ps = append(ps, startDsync(t, args([]string{"run"}, flags, []string{race, "--", "touch", filepath.Join(dir, fmt.Sprint(i))})...))
+		}
+		var codes []int
+		for _, p := range ps {
+			codes = append(codes, p.wait(t).code)
+		}
+		ran := 0
+		for i, code := range codes {
+			switch {
+			case code == 0 && exists(filepath.Join(dir, fmt.Sprint(i))):
+				ran++
+			case code != exitOtherKind:
+				t.Errorf("race %v: exit status %d; want 0 or %d", kind, code, exitOtherKind)
+			}
+		}
+		if ran != 1 {
+			t.Errorf("race of a Mutex and %v on one name: %d commands ran (exit statuses %v); want 1, the other exiting %d", kind, ran, codes, exitOtherKind)
+		}
 	}
 }
 
