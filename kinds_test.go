@@ -54,18 +54,6 @@ var kindLockers = map[string]kindLocker{
 	}},
 }
 
-// kindSession is a session on a *sql.DB of its own.
-func kindSession(t *testing.T, opts ...dsync.Option) (*dsync.Session, *sql.DB) {
-	t.Helper()
-	db := dbtest.Open(t)
-	s, err := dsync.NewSession(context.Background(), db, opts...)
-	if err != nil {
-		t.Fatalf("NewSession: %v", err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s, db
-}
-
 // TestKindsRace has two sessions, on *sql.DBs of their own, lock one name
 // at the same instant with different kinds (a Mutex's Lock or LockTx
 // against a FairMutex's Lock or an RWMutex's RLock), over many rounds: on
@@ -76,8 +64,8 @@ func kindSession(t *testing.T, opts ...dsync.Option) (*dsync.Session, *sql.DB) {
 // held.
 func TestKindsRace(t *testing.T) {
 	bg := context.Background()
-	s1, db1 := kindSession(t)
-	s2, db2 := kindSession(t)
+	db1, db2 := dbtest.Open(t), dbtest.Open(t)
+	s1, s2 := sessionOn(t, db1), sessionOn(t, db2)
 	const freshRounds, idleRounds = 25, 2
 	const hold = 10 * time.Millisecond
 	pairs := [][2]string{
