@@ -239,7 +239,7 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 	case errors.Is(err, dsync.ErrOtherKind):
 		// At once, whatever --wait says: the name stays bound to the other
 		// kind while its rows exist, so waiting would not end.
-		fmt.Fprintf(stderr, "dsync: lock %q not obtained: %v (dsync run takes a Mutex; --fair, --read and --write the queued lock); the command did not run\n", c.name, err)
+		fmt.Fprintf(stderr, "%v; the command did not run (dsync run takes a Mutex, and with --fair, --read or --write the queued lock of the name)\n", err)
 		return exitOtherKind
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())

@@ -488,16 +488,19 @@ func TestGraceBound(t *testing.T) {
 
 // TestCommandEnvironment: the command gets DSYNC_LOCK, DSYNC_FENCE (0 for
 // --read) and DSYNC_SESSION, keeps the rest of the environment, and
-// inherits stdin, stdout and stderr.
+// inherits stdin, stdout and stderr. (The Mutex runs on a name of its
+// own: one name is one kind of lock.)
 func TestCommandEnvironment(t *testing.T) {
-	name := lockName(t)
+	queued := lockName(t)
 	show := `echo "$DSYNC_LOCK|$DSYNC_FENCE|$DSYNC_SESSION|$DSYNC_TEST_INHERITED"; cat; echo to-stderr >&2`
 	var lastFence int64
 	for _, kind := range []string{"", "--fair", "--write", "--read"} {
 		t.Run(strings.TrimPrefix(kind, "--")+"/", func(t *testing.T) {
 			flags := []string{"run", "--label", "env-test"}
+			name := queued + "/mutex"
 			if kind != "" {
 				flags = append(flags, kind)
+				name = queued
 			}
 			cmd, out, errOut := dsyncCmd(args(flags, []string{name, "--", "sh", "-c", show})...)
 			cmd.Env = append(cmd.Env, "DSYNC_TEST_INHERITED=yes")
