@@ -94,7 +94,13 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 // per user) grows the tables for ever. A free row is one no session holds
 // or waits for; rows of held locks, of queued locks with a waiter, and of
 // locks used within the age are never deleted. The next use of a deleted
-// name creates its row again, at the cost of one more statement.
+// name creates its row again, at the cost of one more statement (a queued
+// lock's: a read and a transaction of two).
+//
+// A name's lock row also binds the name to the kind of lock that uses it
+// (see [ErrOtherKind]): the name is free for the other kind once the
+// clean-up has deleted it, the age after its last use for a Mutex, and
+// after its queue row, about twice the age, for a FairMutex or RWMutex.
 //
 // Fences stay strictly increasing across deletion: before it deletes rows,
 // the clean-up records the highest fence among them in the schema table,
