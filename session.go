@@ -469,7 +469,9 @@ func (s *Session) start(ctx context.Context) error {
 // createTables creates whichever of the tables are missing, and checks the
 // schema version they were created with. The version table is created (and
 // the version recorded) before the others, so tables without it are of a
-// dsync older than the version record.
+// dsync older than the version record. A version already recorded is
+// checked before any DDL, so that tables of another version are left as
+// they are (no table of this version is added beside them).
 func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	present, err := s.tablesPresent(ctx, c)
 	if err != nil {
@@ -479,6 +481,20 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	if !present[schema] && len(present) > 0 {
 		return fmt.Errorf("%w: table %s has no version record (created by a dsync before schema version %d)",
 			ErrSchemaVersion, s.q.tables[1], schemaVersion)
+	}
+	if present[schema] && len(present) < len(s.q.tables) {
+		var version int
+		err := c.QueryRowContext(ctx, s.q.version).Scan(&version)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// Created by a session that has not recorded the version
+			// yet; checked again below.
+		case err != nil:
+			return err
+		case version != schemaVersion:
+			return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
+				ErrSchemaVersion, schema, version, schemaVersion)
+		}
 	}
 	for i, table := range s.q.tables {
 		if present[table] {
