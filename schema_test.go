@@ -3,11 +3,13 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/mariadb"
 )
 
 // TestMissingTableCreatedAgain checks that NewSession creates a table that
@@ -243,5 +245,49 @@ func TestOlderSchemaGetsNoNewTable(t *testing.T) {
 	err = db.QueryRow("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", prefix+"txlock").Scan(&n)
 	if err != nil || n != 0 {
 		t.Errorf("the txlock table after the refused NewSession: got %d, %v; want none", n, err)
+	}
+}
+
+// TestUpperCasePrefixFoldedTableNames checks an upper-case table prefix on
+// a server that stores table names in lower case (lower_case_table_names=1,
+// a dedicated throwaway server): a second NewSession finds the tables the
+// first one created, and the sessions exclude each other.
+func TestUpperCasePrefixFoldedTableNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--lower-case-table-names=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	admin := dbtest.OpenDSN(t, srv.DSN(""))
+	var folds int
+	if err := admin.QueryRowContext(ctx, "SELECT @@lower_case_table_names").Scan(&folds); err != nil || folds != 1 {
+		t.Fatalf("lower_case_table_names: got %d, %v; want 1 (the server does not fold names)", folds, err)
+	}
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE folded"); err != nil {
+		t.Fatal(err)
+	}
+	db := dbtest.OpenDSN(t, srv.DSN("folded"))
+	const prefix = "MyApp_"
+	first := sessionOn(t, db, dsync.WithTablePrefix(prefix))
+	var stored string
+	if err := db.QueryRowContext(ctx, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() LIMIT 1").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != strings.ToLower(stored) {
+		t.Fatalf("table name stored by the server: got %q; want it in lower case", stored)
+	}
+	second, err := dsync.NewSession(ctx, db, dsync.WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatalf("second NewSession with prefix %q on tables stored as %q: got %v; want <nil>", prefix, stored, err)
+	}
+	t.Cleanup(func() { second.Close() })
+	name := lockName(t)
+	if err := dsync.NewMutex(first, name).Lock(ctx); err != nil {
+		t.Fatalf("Lock: got %v; want <nil>", err)
+	}
+	if ok, err := dsync.NewMutex(second, name).TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock of the other session while the first holds: got %v, %v; want false, <nil>", ok, err)
 	}
 }

@@ -528,7 +528,11 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	return nil
 }
 
-// tablesPresent reads which of the session's tables exist.
+// tablesPresent reads which of the session's tables exist, keyed by the
+// session's names for them. A server that compares table names without
+// regard to case (lower_case_table_names) may return them in lower case
+// whatever the prefix's case: its names are matched to the session's
+// without regard to case too.
 func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[string]bool, error) {
 	t := s.q.tables
 	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4], t[5])
@@ -539,10 +543,15 @@ func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[stri
 	present := make(map[string]bool)
 	for rows.Next() {
 		var name string
-		if err := rows.Scan(&name); err != nil {
+		var folds bool
+		if err := rows.Scan(&name, &folds); err != nil {
 			return nil, err
 		}
-		present[name] = true
+		for _, table := range t {
+			if name == table || folds && strings.EqualFold(name, table) {
+				present[table] = true
+			}
+		}
 	}
 	return present, rows.Err()
 }
