@@ -3,8 +3,10 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,9 +141,8 @@ func TestMaxConnectionsKeepsLeases(t *testing.T) {
 	wg.Wait()
 	refused, waited := 0, 0
 	for i, err := range results[1:] {
-		var me *mysql.MySQLError
 		switch {
-		case errors.As(err, &me) && me.Number == 1040:
+		case isErrNo1040(err):
 			refused++
 		case errors.Is(err, context.DeadlineExceeded):
 			waited++
@@ -159,4 +160,99 @@ func TestMaxConnectionsKeepsLeases(t *testing.T) {
 			t.Errorf("session %d after %v of waiters wanting more connections than the server allows: Err %v; want nil", i, wait, err)
 		}
 	}
+}
+
+// BenchmarkMaxConnections measures what happens at the server's default
+// max_connections, 151 (a dedicated server; the tests' servers allow
+// 500): 200 sessions, each on a
+// *sql.DB of its own without a connection limit, start, and each calls
+// Lock, with a ctx of 4 TTLs, for one of 10 names another session holds.
+// It reports how many NewSession calls and Locks the server refused
+// (1040), how many Locks waited until their ctx ended, and how many
+// sessions were lost (README, Connections). Run it with
+// go test -run '^$' -bench MaxConnections -benchtime 1x .
+func BenchmarkMaxConnections(b *testing.B) {
+	const (
+		ttl      = 3 * time.Second
+		sessions = 200
+		names    = 10
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--max-connections=151"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Stop() })
+	admin := dbtest.OpenDSN(b, srv.DSN(""))
+	admin.SetMaxOpenConns(1)
+	for i := 0; i < b.N; i++ {
+		db := fmt.Sprintf("maxconn%d", i)
+		if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+db); err != nil {
+			b.Fatal(err)
+		}
+		var all []*dsync.Session
+		holder, err := dsync.NewSession(ctx, dbtest.OpenDSN(b, srv.DSN(db)), dsync.WithTTL(ttl))
+		if err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, holder)
+		for n := range names {
+			if err := dsync.NewMutex(holder, fmt.Sprint("n", n)).Lock(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		refusedNew := 0
+		var ss []*dsync.Session
+		for range sessions {
+			s, err := dsync.NewSession(ctx, dbtest.OpenDSN(b, srv.DSN(db)), dsync.WithTTL(ttl))
+			if err != nil {
+				if !isErrNo1040(err) {
+					b.Fatalf("NewSession: got %v; want nil or 1040", err)
+				}
+				refusedNew++
+				continue
+			}
+			ss = append(ss, s)
+		}
+		all = append(all, ss...)
+		lockCtx, lockCancel := context.WithTimeout(ctx, 4*ttl)
+		var refusedLock, waited atomic.Int64
+		var wg sync.WaitGroup
+		for i, s := range ss {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				switch err := dsync.NewMutex(s, fmt.Sprint("n", i%names)).Lock(lockCtx); {
+				case isErrNo1040(err):
+					refusedLock.Add(1)
+				case errors.Is(err, context.DeadlineExceeded):
+					waited.Add(1)
+				default:
+					b.Errorf("Lock: got %v; want 1040 or ctx's error", err)
+				}
+			}()
+		}
+		wg.Wait()
+		lockCancel()
+		lost := 0
+		for _, s := range all {
+			if s.Err() != nil {
+				lost++
+			}
+			s.Close()
+		}
+		b.ReportMetric(float64(len(ss)), "started")
+		b.ReportMetric(float64(refusedNew), "NewSession-1040")
+		b.ReportMetric(float64(refusedLock.Load()), "Lock-1040")
+		b.ReportMetric(float64(waited.Load()), "Lock-waited")
+		b.ReportMetric(float64(lost), "lost")
+	}
+}
+
+// isErrNo1040 reports whether err wraps the server's 1040 (too many
+// connections).
+func isErrNo1040(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1040
 }
