@@ -9,7 +9,6 @@ import (
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
-	"github.com/dsynclock/dsync/internal/mariadb"
 )
 
 // TestMissingTableCreatedAgain checks that NewSession creates a table that
@@ -255,12 +254,7 @@ func TestOlderSchemaGetsNoNewTable(t *testing.T) {
 func TestUpperCasePrefixFoldedTableNames(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--lower-case-table-names=1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
-	admin := dbtest.OpenDSN(t, srv.DSN(""))
+	srv, admin := dedicatedServer(ctx, t, "--lower-case-table-names=1")
 	var folds int
 	if err := admin.QueryRowContext(ctx, "SELECT @@lower_case_table_names").Scan(&folds); err != nil || folds != 1 {
 		t.Fatalf("lower_case_table_names: got %d, %v; want 1 (the server does not fold names)", folds, err)

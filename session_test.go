@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,13 +99,7 @@ func TestMaxConnectionsKeepsLeases(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--max-connections=20"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
-	admin := dbtest.OpenDSN(t, srv.DSN(""))
-	admin.SetMaxOpenConns(1)
+	srv, admin := dedicatedServer(ctx, t, "--max-connections=20")
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE maxconn"); err != nil {
 		t.Fatal(err)
 	}
@@ -179,13 +174,7 @@ func BenchmarkMaxConnections(b *testing.B) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: []string{"--max-connections=151"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { srv.Stop() })
-	admin := dbtest.OpenDSN(b, srv.DSN(""))
-	admin.SetMaxOpenConns(1)
+	srv, admin := dedicatedServer(ctx, b, "--max-connections=151")
 	for i := 0; i < b.N; i++ {
 		db := fmt.Sprintf("maxconn%d", i)
 		if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+db); err != nil {
@@ -255,4 +244,19 @@ func BenchmarkMaxConnections(b *testing.B) {
 func isErrNo1040(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == 1040
+}
+
+// dedicatedServer starts a throwaway server of the test's own with extra
+// mariadbd arguments, stopped when the test ends, and returns it with a
+// *sql.DB of one connection on it, without a database.
+func dedicatedServer(ctx context.Context, tb testing.TB, args ...string) (*mariadb.Server, *sql.DB) {
+	tb.Helper()
+	srv, err := mariadb.StartWith(ctx, mariadb.Config{Args: args})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { srv.Stop() })
+	admin := dbtest.OpenDSN(tb, srv.DSN(""))
+	admin.SetMaxOpenConns(1)
+	return srv, admin
 }
