@@ -219,8 +219,11 @@ const (
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is
 // replicated cluster-wide as a total-order operation that writes racing it
-// fail certification against). Args: the six table names.
-const qTablesPresent = `SELECT TABLE_NAME FROM information_schema.TABLES
+// fail certification against). Args: the six table names. Result: one
+// row per table found, its name as stored, and whether the server compares
+// table names without regard to case (@@lower_case_table_names not 0: then
+// it may store and return them in lower case).
+const qTablesPresent = `SELECT TABLE_NAME, @@lower_case_table_names <> 0 FROM information_schema.TABLES
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?, ?)`
 
 // qWsrepOn tells whether the server is a Galera cluster node with
