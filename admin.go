@@ -214,7 +214,11 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // Only fences keep it from doing harm from then on: the next acquisition's
 // fence is greater than the stuck holder's, so a resource that checks
 // fences refuses the stuck holder's writes once the new holder has
-// written. FairMutex and RWMutex holds are not affected (their tickets are
+// written. Waiters blocked on the holder's doorbell are woken: when
+// sessions wait, ForceRelease closes the connection that holds the
+// holder's doorbell (KILL CONNECTION; without the privilege for it they
+// wake within 8 s instead), and the holder takes a new doorbell when it
+// next rings. FairMutex and RWMutex holds are not affected (their tickets are
 // in another lock space).
 //
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
@@ -237,6 +241,12 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
+		// Ring for the holder, which does not know: without the
+		// privilege to kill its doorbell's connection, the waiters wake
+		// when their wait ends (at most 8 s).
+		_, _ = db.ExecContext(ctx, qKillBell, conn)
 	}
 	return n > 0, nil
 }

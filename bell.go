@@ -391,14 +391,97 @@ type bellRef struct{ id, gen int64 }
 
 // bellState is what one Lock call's waiting remembers between doorbells.
 type bellState struct {
-	last      bellRef   // the doorbell woken from the time before
-	wanted    bool      // qLockWant was sent: it may have claimed the next hold
-	pollUntil time.Time // poll without trying doorbells until then
-	selfHeld  bool      // the row was last seen held by this session itself
-	soon      bool      // poll once, after claimPoll at most
-	unarmed   int       // times the holder was found without a doorbell (see unarmedPolls)
-	woken     bool      // the doorbell waited on rang: the row may still be locked by the release that rang it
-	since     time.Time // when the Lock began to wait (a claim goes to the longest waiter)
+	woke      map[bellRef]bool // doorbells it woke from at once or when rung: never blocked on again (see judge)
+	nobody    bool             // the last read found nobody to wait for, and it has not found anyone since
+	pace      time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
+	unwanted  bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
+	wanted    bool             // qLockWant was sent: it may have claimed the next hold
+	wantedAt  time.Time        // when qLockWant was last sent
+	pollUntil time.Time        // poll without trying doorbells until then
+	selfHeld  bool             // the row was last seen held by this session itself
+	soon      bool             // the next paced poll comes after claimPoll, once
+	unarmed   int              // times the holder was found without a doorbell (see unarmedPolls)
+	woken     bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
+	since     time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
+}
+
+// waitOutcome is what a waiter's doorbell step (awaitBell,
+// awaitTicketBell) tells its loop to do next.
+type waitOutcome int
+
+const (
+	// waitTry: something changed, or a doorbell rang or timed out after a
+	// block: try the lock again at once.
+	waitTry waitOutcome = iota
+	// waitPace: nothing changed since the last try, or a step failed: try
+	// again after bellState.nextPace, without the back-off's claims.
+	waitPace
+	// waitPoll: there is no doorbell to use (none allowed, the holder has
+	// none, or no connection to block with): poll as the back-off says.
+	waitPoll
+)
+
+// The pace of a waiter whose doorbell step found nothing changed: the
+// grounds of its last try (the doorbell it woke from, or nobody to wait
+// for) have not changed, so trying again at once would be a busy loop
+// against the database (a doorbell whose connection went away, or whose
+// session died, reads as rung at once, for as long as the lease lives on;
+// a row a transaction holds after its session ended has nobody to wait
+// for). It polls after paceFloor, doubling up to paceCap, until something
+// changes: at most 3 statements per paceCap once it has grown, and
+// a lock that falls free meanwhile is taken within paceCap.
+const (
+	paceFloor = 100 * time.Millisecond
+	paceCap   = time.Second
+)
+
+// nextPace returns how long a waiter waits before its next paced try:
+// claimPoll once after it woke from a doorbell that its holder has not
+// replaced yet (it rang: the holder publishes the next generation at
+// once), else paceFloor, then twice the last, up to paceCap.
+func (st *bellState) nextPace() time.Duration {
+	if st.soon {
+		st.soon = false
+		return claimPoll
+	}
+	st.pace = min(max(2*st.pace, paceFloor), paceCap)
+	return st.pace
+}
+
+// judge decides, from a waiter's read of whom it waits for (found false:
+// nobody; else the doorbell ref), whether it may block on that doorbell
+// (block true) or what its loop does instead. It is the one place that
+// keeps a wake-up from being retried at once on unchanged grounds: a
+// doorbell that woke the waiter once (rung, or gone with its connection)
+// is never blocked on again, so finding it again paces the waiter; and
+// finding nobody to wait for lets it try at once only the first time in a
+// row, then paces it. The pace starts again from paceFloor only on a
+// change: a doorbell not seen before, or nobody found after somebody.
+func (st *bellState) judge(found bool, ref bellRef) (block bool, out waitOutcome) {
+	if !found {
+		if st.nobody {
+			return false, waitPace
+		}
+		st.nobody, st.pace = true, 0
+		return false, waitTry
+	}
+	st.nobody = false
+	if st.woke[ref] {
+		return false, waitPace
+	}
+	return true, waitTry
+}
+
+// wokeFrom records that the waiter's block on ref ended with the doorbell
+// free: rung, or gone. A rung doorbell's next generation is published a
+// moment later, so the first paced poll after it comes soon.
+func (st *bellState) wokeFrom(ref bellRef) {
+	if st.woke == nil {
+		st.woke = make(map[bellRef]bool)
+	}
+	st.woke[ref] = true
+	st.soon = true
+	st.pace = 0
 }
 
 // pollFor is how long a waiter polls before it tries doorbells again, once
@@ -414,52 +497,45 @@ const pollFor = 100 * time.Millisecond
 const unarmedPolls = 5
 
 // awaitBell waits for the release of the Mutex row name by blocking on its
-// holder's doorbell (see the doorbell comment above). It reports false when
-// the caller should poll instead; true when it waited, or found nobody to
-// wait for, and the row should be tried again at once. st.last is the
-// doorbell it woke from the time before: finding it again means that
-// doorbell rang without being replaced yet, or is gone, and the caller
-// polls once.
-func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
+// holder's doorbell (see the doorbell comment above), and tells the
+// caller's loop what to do next (see waitOutcome and judge).
+func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 	s := m.s
 	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return false
+		return waitPoll
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
-	want := (bellWait + 2*time.Second).Microseconds()
-	st.wanted = true
-	waited := time.Since(st.since).Microseconds()
-	if _, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name); isErrNo(err, 1205) {
-		// A transaction holds the row (LockTx): the session that handed it
-		// over rings its doorbell when the transaction ends, wanted or not.
-	} else if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return false
+	if st.pace == 0 || time.Since(st.wantedAt) >= paceCap {
+		// (A paced waiter said so less than paceCap ago, for longer than
+		// any block that may follow: nothing to renew.)
+		want := (bellWait + 2*time.Second).Microseconds()
+		st.wanted, st.wantedAt = true, time.Now()
+		waited := time.Since(st.since).Microseconds()
+		_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name)
+		st.unwanted = isErrNo(err, 1205)
+		if err != nil && !st.unwanted {
+			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+			return waitPace
+		}
 	}
 	ref, left, err := s.lockBell(ctx, m.name)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return waitPace
+	}
+	block, out := st.judge(err == nil, ref)
+	if !block {
+		return out
+	}
 	var c *connpool.Conn
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return true // nobody live holds or claimed it: try now
-	case err != nil:
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return false
-	case ref == st.last || left < int64(time.Second/time.Microsecond):
-		// Rung but not replaced yet, or gone; or the lease ends within a
-		// second (GET_LOCK takes whole seconds on MySQL): poll this once,
-		// soon (the doorbell goroutine publishes the next generation right
-		// after the ring), not after the back-off, which has grown with
-		// every wake.
-		st.last = bellRef{}
-		st.soon = true
-		return false
 	case ref.gen == 0 && ref.id != s.id && st.unarmed < unarmedPolls:
 		// The holder has no doorbell yet: it takes one right after its
 		// first acquisition, within a few milliseconds. Poll soon, a few
 		// times, before polling for pollFor.
 		st.unarmed++
 		st.soon = true
-		return false
+		return waitPace
 	case ref.gen != 0 && ref.id != s.id:
 		c = s.waiters.get(ctx, s)
 	}
@@ -470,13 +546,17 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 		// reaper frees it), or no connection: poll for a while, without
 		// the long claim of a doorbell waiter.
 		st.pollUntil = time.Now().Add(pollFor)
-		m.unclaim(ctx)
-		return false
+		m.unclaim(ctx, false)
+		return waitPoll
 	}
-	st.last = ref
-	ran, rung := s.waitBell(ctx, c, ref, left, m.name, kindMutex)
-	st.woken = rung
-	return ran
+	if st.unwanted {
+		// The row was locked (a LockTx transaction, whose session rings
+		// when it ends; or a statement that held it for longer than the
+		// no-wait tries): wanted_until may not be written, so a release
+		// need not ring. Block no longer than the pace's cap.
+		left = min(left, paceCap.Microseconds())
+	}
+	return s.waitBell(ctx, c, ref, left, m.name, kindMutex, st)
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
@@ -575,12 +655,11 @@ func (w *bellWaiter) closeIdle() {
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
 // go, by blocking on its session's doorbell after leaving a marker behind
 // it (qTicketWant), or, with no such ticket ahead, for the head slot's
-// holder to free it. It reports false when the caller should poll instead;
-// true when it waited, or found the line moved, and w's turn should be
-// checked again at once. st is as in awaitBell.
-func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) bool {
+// holder to free it, and tells the caller's loop what to do next, as
+// awaitBell does.
+func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
 	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return false
+		return waitPoll
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
 	var seq, left int64
@@ -588,18 +667,17 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
 	})
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return true // nothing conflicting ahead any more
-	case err != nil:
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-		return false
-	case ref == st.last || left < int64(time.Second/time.Microsecond):
-		st.last = bellRef{}
-		return false
+		return waitPace
+	}
+	block, out := st.judge(err == nil, ref)
+	switch {
+	case !block:
+		return out
 	case ref.gen == 0 || ref.id == s.id:
 		st.pollUntil = time.Now().Add(pollFor)
-		return false
+		return waitPoll
 	}
 	if seq != 0 {
 		// A ticket ahead: leave a marker, so that its release rings. (The
@@ -608,37 +686,43 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		res, err := s.exec(ctx, sTicketWant, name, seq)
 		if err != nil {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-			return false
+			return waitPace
 		}
 		if there, _ := res.LastInsertId(); there != 1 {
-			return true // the ticket ahead went meanwhile
+			return waitTry // the ticket ahead went meanwhile
 		}
 	}
 	c := s.waiters.get(ctx, s)
 	if c == nil {
 		st.pollUntil = time.Now().Add(pollFor)
-		return false
+		return waitPoll
 	}
-	st.last = ref
-	ran, _ := s.waitBell(ctx, c, ref, left, name, kindQueue)
-	return ran
+	return s.waitBell(ctx, c, ref, left, name, kindQueue, st)
 }
 
 // waitBell blocks on c until doorbell ref rings, for at most bellWait or
-// what the ringing session's lease has left (left microseconds, at least a
-// second; in whole seconds, which is all MySQL's GET_LOCK takes), or until
-// ctx or the session ends. It reports whether the wait ran (after an error
-// the caller polls), and whether the doorbell rang.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string) (ran, rung bool) {
+// what the ringing session's lease has left (left microseconds), in whole
+// seconds (all that MySQL's GET_LOCK takes), at least one, or until ctx or
+// the session ends. A doorbell that is free at once (rung, or gone with
+// its connection) or rings is recorded in st (see judge); the caller tries
+// again at once after it or after a block that timed out, and paces
+// itself after an error.
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string, st *bellState) waitOutcome {
 	bell := bellName(ref.id, ref.gen)
-	timeout := int64(min(bellWait, time.Duration(left)*time.Microsecond+bellLate) / time.Second)
+	limit := min(bellWait, time.Duration(left)*time.Microsecond+bellLate)
+	timeout := int64(max((limit+time.Second-1)/time.Second, 1))
 	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
 	})
 	if err != nil {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
-		return false, false
+		return waitPace
 	}
-	return true, got.Int64 == 1
+	st.pace = 0
+	if got.Int64 == 1 {
+		st.wokeFrom(ref)
+		st.woken = true
+	}
+	return waitTry
 }

@@ -121,6 +121,8 @@ func runChild(role string) int {
 		err = childCounter(c)
 	case "hold":
 		err = childHold(c)
+	case "wait":
+		err = childWait(c)
 	case "churn":
 		err = childChurn(c)
 	case "driver":
@@ -212,6 +214,23 @@ func childHold(c childConfig) error {
 		return err
 	}
 	defer closeAll()
+	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	time.Sleep(time.Hour)
+	return nil
+}
+
+// childWait says its session's lease id and waits for the lock (to be
+// killed while it waits).
+func childWait(c childConfig) error {
+	_, s, closeAll, err := childSession(c)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	fmt.Println(s.ID())
 	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
 		return err
 	}

@@ -1,0 +1,379 @@
+package dsync_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/mariadb"
+)
+
+// Budgets of TestWaitersDoNotSpinOnFaults, as README's Waiting paragraph
+// states them: a waiter that cannot block on a doorbell sends at most 20
+// statements a second (it polls with a back-off from 50ms up to a second),
+// and takes a lock within that second once the lock is free.
+const (
+	spinBudget = 20.0                    // statements per second per waiter, keep-alives included
+	takeBound  = 1500 * time.Millisecond // the poll cap (1s) and the noise of a busy 2-core machine
+)
+
+// spinWaiters are waiters of one Mutex in sessions of their own, each on a
+// *sql.DB of its own; each takes the lock once and lets it go.
+type spinWaiters struct {
+	first chan time.Time // when the first of them took the lock
+	errs  chan error     // one per waiter
+	n     int
+}
+
+// startSpinWaiters starts n waiters of the Mutex name on dsn, with TTL ttl,
+// and returns once each has begun to wait.
+func startSpinWaiters(t *testing.T, dsn, name string, n int, ttl time.Duration) *spinWaiters {
+	t.Helper()
+	w := &spinWaiters{first: make(chan time.Time, 1), errs: make(chan error, n), n: n}
+	var once sync.Once
+	for range n {
+		s, err := dsync.NewSession(context.Background(), dbtest.OpenDSN(t, dsn), dsync.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		m := dsync.NewMutex(s, name)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := m.Lock(ctx)
+			if err == nil {
+				once.Do(func() { w.first <- time.Now() })
+				time.Sleep(time.Millisecond)
+				err = m.Unlock(ctx)
+			}
+			w.errs <- err
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // they settle on the doorbells
+	return w
+}
+
+// wait waits for every waiter and fails the test for each error.
+func (w *spinWaiters) wait(t *testing.T) {
+	t.Helper()
+	for range w.n {
+		if err := <-w.errs; err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	}
+}
+
+// firstTaken returns when the first waiter took the lock, failing the test
+// when none did within limit.
+func (w *spinWaiters) firstTaken(t *testing.T, limit time.Duration) time.Time {
+	t.Helper()
+	select {
+	case at := <-w.first:
+		return at
+	case <-time.After(limit):
+		t.Fatalf("no waiter took the lock within %v", limit)
+		return time.Time{}
+	}
+}
+
+// serverQuestions returns the count of statements the server of db has
+// received.
+func serverQuestions(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	var name string
+	var n int64
+	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// checkRate fails the test when the statements the server received since
+// q0, at from, exceed spinBudget per waiter and second.
+func checkRate(t *testing.T, db *sql.DB, q0 int64, from time.Time, waiters int) {
+	t.Helper()
+	n := serverQuestions(t, db) - q0 - 1
+	d := time.Since(from)
+	rate := float64(n) / float64(waiters) / d.Seconds()
+	t.Logf("%d statements in %v: %.1f/s per waiter", n, d.Round(time.Millisecond), rate)
+	if rate > spinBudget {
+		t.Errorf("statements per waiter: got %.1f/s; want at most %.0f/s", rate, spinBudget)
+	}
+}
+
+// bellOf returns the server's id of the connection holding the current
+// doorbell of the session with lease id, or 0 when none does.
+func bellOf(t *testing.T, db *sql.DB, id int64) int64 {
+	t.Helper()
+	var conn sql.NullInt64
+	if err := db.QueryRow("SELECT IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(id)), ':', LOWER(HEX(bell)))) FROM dsync_lease WHERE id = ?", id).Scan(&conn); err != nil {
+		t.Fatal(err)
+	}
+	return conn.Int64
+}
+
+// awaitBellOf waits until the session with lease id holds a doorbell and
+// returns its connection.
+func awaitBellOf(t *testing.T, db *sql.DB, id int64) int64 {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if c := bellOf(t, db, id); c != 0 {
+			return c
+		}
+		if time.Now().After(end) {
+			t.Fatalf("session %d has no doorbell after 5s", id)
+		}
+	}
+}
+
+// awaitGone waits until the server's connection conn has gone.
+func awaitGone(t *testing.T, db *sql.DB, conn int64) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var left int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", conn).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("connection %d still there after 5s", conn)
+		}
+	}
+}
+
+// TestWaitersDoNotSpinOnFaults runs, with 8 waiting sessions each, every
+// fault after which a waiter used to find its doorbell free at once while
+// nothing had changed (and retried at once, thousands of statements a
+// second), or never rung: a dead holder, a holder's doorbell connection
+// killed, a dead claimant, a LockTx hold whose session ended, ForceRelease
+// and a server restart. It checks that each waiter stays within the
+// polling budget (spinBudget) through the fault, and that the lock is taken
+// within takeBound once it is free. It runs on a server of its own, which
+// it restarts.
+func TestWaitersDoNotSpinOnFaults(t *testing.T) {
+	const (
+		waiters = 8
+		short   = 2 * time.Second  // TTL of the sessions that die
+		long    = 10 * time.Second // TTL of the others: longer than a restart, and than a doorbell wait of a few seconds
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, err := mariadb.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	if _, err := dbtest.OpenDSN(t, srv.DSN("")).ExecContext(ctx, "CREATE DATABASE spin_test"); err != nil {
+		t.Fatal(err)
+	}
+	dsn := srv.DSN("spin_test")
+	db := dbtest.OpenDSN(t, dsn)
+	session := func(t *testing.T, ttl time.Duration) *dsync.Session {
+		s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, dsn), dsync.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	held := func(t *testing.T, name string) int64 {
+		var holder int64
+		if err := db.QueryRow("SELECT holder FROM dsync_lock WHERE name = ?", name).Scan(&holder); err != nil {
+			t.Fatal(err)
+		}
+		return holder
+	}
+
+	t.Run("dead holder", func(t *testing.T) {
+		name := lockName(t)
+		holder := startChild(t, childConfig{Role: "hold", DSN: dsn, Name: name, TTL: short})
+		expectLine(t, holder.out, "locked")
+		id := held(t, name)
+		conn := awaitBellOf(t, db, id)
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		q0, from := serverQuestions(t, db), time.Now()
+		if err := holder.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		awaitGone(t, db, conn)
+		if got := held(t, name); got != id {
+			t.Fatalf("holder after the kill: got %d; want %d (its lease lives on)", got, id)
+		}
+		first := w.firstTaken(t, short+takeBound)
+		checkRate(t, db, q0, from, waiters)
+		w.wait(t)
+		t.Logf("taken %v after the kill (TTL %v)", first.Sub(from).Round(time.Millisecond), short)
+	})
+
+	t.Run("doorbell connection killed", func(t *testing.T) {
+		name := lockName(t)
+		h := session(t, long)
+		m := dsync.NewMutex(h, name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		conn := awaitBellOf(t, db, h.ID())
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		q0, from := serverQuestions(t, db), time.Now()
+		if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(conn, 10)); err != nil {
+			t.Fatal(err)
+		}
+		awaitGone(t, db, conn)
+		time.Sleep(2 * time.Second)
+		checkRate(t, db, q0, from, waiters)
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		freed := time.Now()
+		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
+			t.Errorf("taken %v after the Unlock; want within %v", took, takeBound)
+		}
+		w.wait(t)
+	})
+
+	t.Run("dead claimant", func(t *testing.T) {
+		name := lockName(t)
+		h := session(t, long)
+		m := dsync.NewMutex(h, name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		awaitBellOf(t, db, h.ID())
+		claimant := startChild(t, childConfig{Role: "wait", DSN: dsn, Name: name, TTL: short})
+		line, err := claimant.out.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		cid, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+		if err != nil {
+			t.Fatalf("claimant said %q", line)
+		}
+		for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			var waiter int64
+			if err := db.QueryRow("SELECT waiter FROM dsync_lock WHERE name = ? AND claimed_until > UTC_TIMESTAMP(6)", name).Scan(&waiter); err != nil && err != sql.ErrNoRows {
+				t.Fatal(err)
+			}
+			if waiter == cid && bellOf(t, db, cid) != 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("the claimant never claimed the next hold")
+			}
+		}
+		conn := bellOf(t, db, cid)
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		if err := claimant.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		awaitGone(t, db, conn)
+		killed := time.Now()
+		q0, from := serverQuestions(t, db), time.Now()
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		first := w.firstTaken(t, short+takeBound)
+		checkRate(t, db, q0, from, waiters)
+		if took := first.Sub(killed); took > short+takeBound {
+			t.Errorf("taken %v after the claimant died; want within its TTL and %v", took, takeBound)
+		}
+		w.wait(t)
+	})
+
+	t.Run("LockTx outliving its session", func(t *testing.T) {
+		name := lockName(t)
+		h := session(t, long)
+		tx, err := dbtest.OpenDSN(t, dsn).BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		if err := dsync.NewMutex(h, name).LockTx(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var leases int
+		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_lease WHERE id = ?", h.ID()).Scan(&leases); err != nil || leases != 0 {
+			t.Fatalf("lease rows of the closed session: got %d (%v); want 0", leases, err)
+		}
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		q0, from := serverQuestions(t, db), time.Now()
+		time.Sleep(2 * time.Second)
+		checkRate(t, db, q0, from, waiters)
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		freed := time.Now()
+		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
+			t.Errorf("taken %v after the commit; want within %v", took, takeBound)
+		}
+		w.wait(t)
+	})
+
+	t.Run("ForceRelease", func(t *testing.T) {
+		name := lockName(t)
+		h := session(t, long)
+		m := dsync.NewMutex(h, name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		awaitBellOf(t, db, h.ID())
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		q0, from := serverQuestions(t, db), time.Now()
+		time.Sleep(time.Second)
+		checkRate(t, db, q0, from, waiters)
+		if freed, err := dsync.ForceRelease(ctx, db, "dsync_", name); !freed || err != nil {
+			t.Fatalf("ForceRelease: got %v, %v; want true, nil", freed, err)
+		}
+		freed := time.Now()
+		took := w.firstTaken(t, 10*time.Second).Sub(freed)
+		t.Logf("taken %v after ForceRelease", took.Round(time.Millisecond))
+		if took > takeBound {
+			t.Errorf("taken %v after ForceRelease; want within %v", took, takeBound)
+		}
+		w.wait(t)
+	})
+
+	t.Run("server restart", func(t *testing.T) {
+		name := lockName(t)
+		h := session(t, long)
+		m := dsync.NewMutex(h, name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		awaitBellOf(t, db, h.ID())
+		w := startSpinWaiters(t, dsn, name, waiters, long)
+		srv.Kill()
+		if err := srv.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := held(t, name); got != h.ID() {
+			t.Fatalf("holder after the restart: got %d; want %d", got, h.ID())
+		}
+		q0, from := serverQuestions(t, db), time.Now()
+		time.Sleep(2 * time.Second)
+		checkRate(t, db, q0, from, waiters)
+		if err := h.Err(); err != nil {
+			t.Fatalf("holder's session: %v", err)
+		}
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		freed := time.Now()
+		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
+			t.Errorf("taken %v after the Unlock; want within %v", took, takeBound)
+		}
+		w.wait(t)
+	})
+}
