@@ -549,14 +549,15 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 		m.unclaim(ctx, false)
 		return waitPoll
 	}
+	most := bellWait
 	if st.unwanted {
 		// The row was locked (a LockTx transaction, whose session rings
 		// when it ends; or a statement that held it for longer than the
 		// no-wait tries): wanted_until may not be written, so a release
 		// need not ring. Block no longer than the pace's cap.
-		left = min(left, paceCap.Microseconds())
+		most = paceCap
 	}
-	return s.waitBell(ctx, c, ref, left, m.name, kindMutex, st)
+	return s.waitBell(ctx, c, ref, left, most, m.name, kindMutex, st)
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
@@ -697,19 +698,19 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		st.pollUntil = time.Now().Add(pollFor)
 		return waitPoll
 	}
-	return s.waitBell(ctx, c, ref, left, name, kindQueue, st)
+	return s.waitBell(ctx, c, ref, left, bellWait, name, kindQueue, st)
 }
 
-// waitBell blocks on c until doorbell ref rings, for at most bellWait or
-// what the ringing session's lease has left (left microseconds), in whole
-// seconds (all that MySQL's GET_LOCK takes), at least one, or until ctx or
-// the session ends. A doorbell that is free at once (rung, or gone with
+// waitBell blocks on c until doorbell ref rings, for at most most (a
+// whole number of seconds) or what the ringing session's lease has left
+// (left microseconds), rounded up to whole seconds (all that MySQL's
+// GET_LOCK takes), or until ctx or the session ends. A doorbell that is free at once (rung, or gone with
 // its connection) or rings is recorded in st (see judge); the caller tries
 // again at once after it or after a block that timed out, and paces
 // itself after an error.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string, st *bellState) waitOutcome {
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, most time.Duration, name, kind string, st *bellState) waitOutcome {
 	bell := bellName(ref.id, ref.gen)
-	limit := min(bellWait, time.Duration(left)*time.Microsecond+bellLate)
+	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	timeout := int64(max((limit+time.Second-1)/time.Second, 1))
 	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {

@@ -377,3 +377,149 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		w.wait(t)
 	})
 }
+
+// TestWaiterBlocksBrieflyWhenNotWanted: a waiter whose qLockWant meets the
+// lock row locked (three no-wait tries) has not written wanted_until, so
+// the holder's release does not ring; it must not sleep through the free
+// lock until its doorbell wait ends (8 s), but take it within the poll
+// cap.
+func TestWaiterBlocksBrieflyWhenNotWanted(t *testing.T) {
+	ctx := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	h := newSession(t, dsync.WithTTL(10*time.Second))
+	holder := dsync.NewMutex(h, name)
+	if err := holder.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	awaitBellOf(t, db, h.ID())
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("SELECT holder FROM dsync_lock WHERE name = ? FOR UPDATE", name); err != nil {
+		t.Fatal(err)
+	}
+	waiter := dsync.NewMutex(newSession(t, dsync.WithTTL(10*time.Second)), name)
+	got := make(chan time.Time, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := waiter.Lock(wctx); err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		at := time.Now()
+		if err := waiter.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+		got <- at
+	}()
+	awaitStatement(t, db, "SELECT IF(GET_LOCK(%", 5*time.Second, "the waiter never blocked on the holder's doorbell")
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	var wanted bool
+	if err := db.QueryRow("SELECT wanted_until > UTC_TIMESTAMP(6) FROM dsync_lock WHERE name = ?", name).Scan(&wanted); err != nil {
+		t.Fatal(err)
+	}
+	if wanted {
+		t.Fatal("wanted_until is current: the waiter's qLockWant landed; want it to have met the row locked")
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	at := <-got
+	if took := at.Sub(freed); took > takeBound {
+		t.Errorf("taken %v after the release that did not ring; want within %v", took.Round(time.Millisecond), takeBound)
+	}
+}
+
+// TestClaimantGivingUpRings: a waiter blocked on the doorbell of a claimant
+// (no live holder, the claim current) is woken when that claimant gives
+// up, also when its claim was taken over meanwhile (by an older waiter,
+// which took the lock and let it go), so that it does not sleep through
+// the free lock until its doorbell wait ends.
+func TestClaimantGivingUpRings(t *testing.T) {
+	ctx := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	opt := dsync.WithTTL(10 * time.Second)
+	h, a, o := newSession(t, opt), newSession(t, opt), newSession(t, opt)
+	if err := dsync.NewMutex(h, name).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	awaitBellOf(t, db, h.ID())
+	actx, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	aDone := make(chan error, 1)
+	go func() { aDone <- dsync.NewMutex(a, name).Lock(actx) }()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var waiter int64
+		if err := db.QueryRow("SELECT waiter FROM dsync_lock WHERE name = ?", name).Scan(&waiter); err != nil {
+			t.Fatal(err)
+		}
+		if waiter == a.ID() && bellOf(t, db, a.ID()) != 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the first waiter never claimed the next hold")
+		}
+	}
+	// The holder's hold ends without a ring (as if its lease had ended):
+	// the claimant, blocked on the holder's doorbell, does not notice.
+	if _, err := db.Exec("UPDATE dsync_lock SET holder = 0, token = 0 WHERE name = ?", name); err != nil {
+		t.Fatal(err)
+	}
+	waiter := dsync.NewMutex(newSession(t, opt), name)
+	got := make(chan time.Time, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := waiter.Lock(wctx); err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		at := time.Now()
+		if err := waiter.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+		got <- at
+	}()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var blocked int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT IF(GET_LOCK(%' AND STATE = 'User lock'").Scan(&blocked); err != nil {
+			t.Fatal(err)
+		}
+		if blocked >= 2 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the second waiter never blocked on the claimant's doorbell")
+		}
+	}
+	// An older waiter takes the claim over, takes the lock and lets it go.
+	if _, err := db.Exec("UPDATE dsync_lock SET waiter = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL 10 SECOND, waiter_since = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE name = ?", o.ID(), name); err != nil {
+		t.Fatal(err)
+	}
+	older := dsync.NewMutex(o, name)
+	if ok, err := older.TryLock(ctx); !ok || err != nil {
+		t.Fatalf("TryLock of the older waiter: got %v, %v; want true, nil", ok, err)
+	}
+	if err := older.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	giveUp()
+	if err := <-aDone; err == nil {
+		t.Fatal("the claimant's Lock: got nil; want its ctx's error")
+	}
+	freed := time.Now()
+	at := <-got
+	if took := at.Sub(freed); took > takeBound {
+		t.Errorf("taken %v after the claimant gave up; want within %v", took.Round(time.Millisecond), takeBound)
+	}
+}
