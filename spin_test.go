@@ -24,7 +24,7 @@ const (
 	takeBound  = 1500 * time.Millisecond // the poll cap (1s) and the noise of a busy 2-core machine
 )
 
-// spinWaiters are waiters of one Mutex in sessions of their own, each on a
+// spinWaiters are waiters of one lock in sessions of their own, each on a
 // *sql.DB of its own; each takes the lock once and lets it go.
 type spinWaiters struct {
 	first chan time.Time // when the first of them took the lock
@@ -35,6 +35,11 @@ type spinWaiters struct {
 // startSpinWaiters starts n waiters of the Mutex name on dsn, with TTL ttl,
 // and returns once each has begun to wait.
 func startSpinWaiters(t *testing.T, dsn, name string, n int, ttl time.Duration) *spinWaiters {
+	return startSpinWaitersOf(t, mutexOps, dsn, name, n, ttl)
+}
+
+// startSpinWaitersOf is startSpinWaiters for the lock that ops makes.
+func startSpinWaitersOf(t *testing.T, ops func(*dsync.Session, string) (lock, unlock func(context.Context) error), dsn, name string, n int, ttl time.Duration) *spinWaiters {
 	t.Helper()
 	w := &spinWaiters{first: make(chan time.Time, 1), errs: make(chan error, n), n: n}
 	var once sync.Once
@@ -44,15 +49,15 @@ func startSpinWaiters(t *testing.T, dsn, name string, n int, ttl time.Duration) 
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		m := dsync.NewMutex(s, name)
+		lock, unlock := ops(s, name)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			err := m.Lock(ctx)
+			err := lock(ctx)
 			if err == nil {
 				once.Do(func() { w.first <- time.Now() })
 				time.Sleep(time.Millisecond)
-				err = m.Unlock(ctx)
+				err = unlock(ctx)
 			}
 			w.errs <- err
 		}()
@@ -194,26 +199,39 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		return holder
 	}
 
-	t.Run("dead holder", func(t *testing.T) {
-		name := lockName(t)
-		holder := startChild(t, childConfig{Role: "hold", DSN: dsn, Name: name, TTL: short})
-		expectLine(t, holder.out, "locked")
-		id := held(t, name)
-		conn := awaitBellOf(t, db, id)
-		w := startSpinWaiters(t, dsn, name, waiters, long)
-		q0, from := serverQuestions(t, db), time.Now()
-		if err := holder.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		awaitGone(t, db, conn)
-		if got := held(t, name); got != id {
-			t.Fatalf("holder after the kill: got %d; want %d (its lease lives on)", got, id)
-		}
-		first := w.firstTaken(t, short+takeBound)
-		checkRate(t, db, q0, from, waiters)
-		w.wait(t)
-		t.Logf("taken %v after the kill (TTL %v)", first.Sub(from).Round(time.Millisecond), short)
-	})
+	for _, kind := range []struct {
+		name, child string
+		ops         func(*dsync.Session, string) (lock, unlock func(context.Context) error)
+		holder      string // how to read the holder's lease id
+	}{
+		{"Mutex", "", mutexOps, "SELECT holder FROM dsync_lock WHERE name = ?"},
+		{"FairMutex", "fair", fairOps, "SELECT holder FROM dsync_queue WHERE name = ?"},
+	} {
+		t.Run("dead holder/"+kind.name, func(t *testing.T) {
+			name := lockName(t)
+			holder := startChild(t, childConfig{Role: "hold", DSN: dsn, Name: name, TTL: short, Kind: kind.child})
+			expectLine(t, holder.out, "locked")
+			var id int64
+			if err := db.QueryRow(kind.holder, name).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			conn := awaitBellOf(t, db, id)
+			w := startSpinWaitersOf(t, kind.ops, dsn, name, waiters, long)
+			q0, from := serverQuestions(t, db), time.Now()
+			if err := holder.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			awaitGone(t, db, conn)
+			var lease int
+			if err := db.QueryRow("SELECT COUNT(*) FROM dsync_lease WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)", id).Scan(&lease); err != nil || lease != 1 {
+				t.Fatalf("the dead holder's live leases: got %d (%v); want 1 (its lease lives on)", lease, err)
+			}
+			first := w.firstTaken(t, short+takeBound)
+			checkRate(t, db, q0, from, waiters)
+			w.wait(t)
+			t.Logf("taken %v after the kill (TTL %v)", first.Sub(from).Round(time.Millisecond), short)
+		})
+	}
 
 	t.Run("doorbell connection killed", func(t *testing.T) {
 		name := lockName(t)
