@@ -39,20 +39,32 @@ import (
 // after the ring, so a waiter may read one that has rung) gets it at
 // once. Every path
 // that frees a row or ticket rings (Unlock, the reaper, undo, Close's
-// clean-up), and so does a claimant that gives up. What is left is
-// bounded: a marker of a ticket whose enqueue had an unknown outcome, or
-// one deleted by a purge that raced a number coming again, costs its
-// waiter at most bellWait. The row stays the only source of truth: a
+// clean-up, ForceRelease, which closes the holder's doorbell connection),
+// and so does a claimant that gives up (also when its claim was taken
+// over). What is left is bounded: a marker of a ticket whose enqueue had
+// an unknown outcome, or one deleted by a purge that raced a number
+// coming again, costs its waiter at most bellWait; a Mutex waiter whose
+// qLockWant met the row locked (so wanted_until may not be written)
+// blocks at most paceCap. The row stays the only source of truth: a
 // doorbell that rings for nothing, or never, costs a retry or a wait,
-// never a wrong answer. Doorbells are per server, not replicated, so on a Galera
+// never a wrong answer.
+//
+// A wake-up is only a hint, and a waiter never tries again at once on the
+// grounds it tried on last (judge): a doorbell it woke from, rung or gone
+// with its connection (a dead holder or claimant, a killed connection, a
+// server restart), is never blocked on again; finding nobody to wait for
+// (a row that a transaction holds after its session ended) lets it try
+// at once only the first time in a row. Otherwise it polls, paced from
+// paceFloor up to paceCap, until it finds something new.
+//
+// Doorbells are per server, not replicated, so on a Galera
 // cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
 // when the *sql.DB limits its open connections (doorbells take connections
 // of their own: one per session that has held or waited for a lock, and one per name
-// its process waits for, at most bellWaiters), when a holder has no
-// doorbell (bell 0), or when its doorbell reads as rung at once again and
-// again (its connection went away). A waiter blocks no longer than the
-// holder's lease has left, so a holder that stopped renewing (paused, cut
-// off) is overtaken as soon as its lease ends.
+// its process waits for, at most bellWaiters), or when a holder has no
+// doorbell (bell 0). A waiter blocks no longer than the holder's lease has
+// left, rounded up to a whole second, so a holder that stopped renewing
+// (paused, cut off) is overtaken within a second of its lease's end.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 8                    // most connections a session blocks on doorbells with

@@ -119,10 +119,8 @@ func runChild(role string) int {
 	switch role {
 	case "counter":
 		err = childCounter(c)
-	case "hold":
+	case "hold", "wait":
 		err = childHold(c)
-	case "wait":
-		err = childWait(c)
 	case "churn":
 		err = childChurn(c)
 	case "driver":
@@ -208,35 +206,22 @@ func increment(ctx context.Context, db *sql.DB, m *dsync.Mutex, table string) er
 }
 
 // childHold takes the lock (a FairMutex when c.Kind is "fair", else a
-// Mutex), says "locked" and waits to be killed.
+// Mutex), says "locked" and waits to be killed. In role "wait" it first
+// says its session's lease id (to be killed while it waits).
 func childHold(c childConfig) error {
 	_, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
+	if c.Role == "wait" {
+		fmt.Println(s.ID())
+	}
 	lock := dsync.NewMutex(s, c.Name).Lock
 	if c.Kind == "fair" {
 		lock = dsync.NewFairMutex(s, c.Name).Lock
 	}
 	if err := lock(context.Background()); err != nil {
-		return err
-	}
-	fmt.Println("locked")
-	time.Sleep(time.Hour)
-	return nil
-}
-
-// childWait says its session's lease id and waits for the lock (to be
-// killed while it waits).
-func childWait(c childConfig) error {
-	_, s, closeAll, err := childSession(c)
-	if err != nil {
-		return err
-	}
-	defer closeAll()
-	fmt.Println(s.ID())
-	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
 		return err
 	}
 	fmt.Println("locked")

@@ -89,6 +89,18 @@ func (w *spinWaiters) firstTaken(t *testing.T, limit time.Duration) time.Time {
 	}
 }
 
+// takenWithin fails the test unless a waiter took the lock within
+// takeBound of freed, when the lock fell free (or was made free); what
+// says how.
+func (w *spinWaiters) takenWithin(t *testing.T, freed time.Time, what string) {
+	t.Helper()
+	took := w.firstTaken(t, 10*time.Second).Sub(freed)
+	t.Logf("taken %v after %s", took.Round(time.Millisecond), what)
+	if took > takeBound {
+		t.Errorf("taken %v after %s; want within %v", took.Round(time.Millisecond), what, takeBound)
+	}
+}
+
 // serverQuestions returns the count of statements the server of db has
 // received.
 func serverQuestions(t *testing.T, db *sql.DB) int64 {
@@ -112,6 +124,37 @@ func checkRate(t *testing.T, db *sql.DB, q0 int64, from time.Time, waiters int) 
 	if rate > spinBudget {
 		t.Errorf("statements per waiter: got %.1f/s; want at most %.0f/s", rate, spinBudget)
 	}
+}
+
+// checkRateFor waits d and then checks the statements of that time as
+// checkRate does.
+func checkRateFor(t *testing.T, db *sql.DB, d time.Duration, waiters int) {
+	t.Helper()
+	q0, from := serverQuestions(t, db), time.Now()
+	time.Sleep(d)
+	checkRate(t, db, q0, from, waiters)
+}
+
+// lockInBackground takes the lock with m in a goroutine (failing the test
+// when that fails within 20s) and lets it go again; the channel tells when
+// it took it.
+func lockInBackground(t *testing.T, m *dsync.Mutex) <-chan time.Time {
+	got := make(chan time.Time, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := m.Lock(ctx); err != nil {
+			t.Error(err)
+			got <- time.Time{}
+			return
+		}
+		at := time.Now()
+		if err := m.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+		got <- at
+	}()
+	return got
 }
 
 // bellOf returns the server's id of the connection holding the current
@@ -198,6 +241,23 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		}
 		return holder
 	}
+	// hold takes the Mutex name in a session (TTL long) that has its
+	// doorbell.
+	hold := func(t *testing.T, name string) (*dsync.Session, *dsync.Mutex) {
+		h := session(t, long)
+		m := dsync.NewMutex(h, name)
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		awaitBellOf(t, db, h.ID())
+		return h, m
+	}
+	unlock := func(t *testing.T, m *dsync.Mutex) time.Time {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
 
 	for _, kind := range []struct {
 		name, child string
@@ -235,12 +295,8 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 
 	t.Run("doorbell connection killed", func(t *testing.T) {
 		name := lockName(t)
-		h := session(t, long)
-		m := dsync.NewMutex(h, name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		conn := awaitBellOf(t, db, h.ID())
+		h, m := hold(t, name)
+		conn := bellOf(t, db, h.ID())
 		w := startSpinWaiters(t, dsn, name, waiters, long)
 		q0, from := serverQuestions(t, db), time.Now()
 		if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(conn, 10)); err != nil {
@@ -249,24 +305,13 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		awaitGone(t, db, conn)
 		time.Sleep(2 * time.Second)
 		checkRate(t, db, q0, from, waiters)
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		freed := time.Now()
-		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
-			t.Errorf("taken %v after the Unlock; want within %v", took, takeBound)
-		}
+		w.takenWithin(t, unlock(t, m), "the Unlock")
 		w.wait(t)
 	})
 
 	t.Run("dead claimant", func(t *testing.T) {
 		name := lockName(t)
-		h := session(t, long)
-		m := dsync.NewMutex(h, name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		awaitBellOf(t, db, h.ID())
+		_, m := hold(t, name)
 		claimant := startChild(t, childConfig{Role: "wait", DSN: dsn, Name: name, TTL: short})
 		line, err := claimant.out.ReadString('\n')
 		if err != nil {
@@ -296,9 +341,7 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		awaitGone(t, db, conn)
 		killed := time.Now()
 		q0, from := serverQuestions(t, db), time.Now()
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		unlock(t, m)
 		first := w.firstTaken(t, short+takeBound)
 		checkRate(t, db, q0, from, waiters)
 		if took := first.Sub(killed); took > short+takeBound {
@@ -326,51 +369,30 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 			t.Fatalf("lease rows of the closed session: got %d (%v); want 0", leases, err)
 		}
 		w := startSpinWaiters(t, dsn, name, waiters, long)
-		q0, from := serverQuestions(t, db), time.Now()
-		time.Sleep(2 * time.Second)
-		checkRate(t, db, q0, from, waiters)
+		checkRateFor(t, db, 2*time.Second, waiters)
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)
 		}
-		freed := time.Now()
-		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
-			t.Errorf("taken %v after the commit; want within %v", took, takeBound)
-		}
+		w.takenWithin(t, time.Now(), "the commit")
 		w.wait(t)
 	})
 
 	t.Run("ForceRelease", func(t *testing.T) {
 		name := lockName(t)
-		h := session(t, long)
-		m := dsync.NewMutex(h, name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		awaitBellOf(t, db, h.ID())
+		hold(t, name)
 		w := startSpinWaiters(t, dsn, name, waiters, long)
-		q0, from := serverQuestions(t, db), time.Now()
-		time.Sleep(time.Second)
-		checkRate(t, db, q0, from, waiters)
+		checkRateFor(t, db, time.Second, waiters)
+		called := time.Now()
 		if freed, err := dsync.ForceRelease(ctx, db, "dsync_", name); !freed || err != nil {
 			t.Fatalf("ForceRelease: got %v, %v; want true, nil", freed, err)
 		}
-		freed := time.Now()
-		took := w.firstTaken(t, 10*time.Second).Sub(freed)
-		t.Logf("taken %v after ForceRelease", took.Round(time.Millisecond))
-		if took > takeBound {
-			t.Errorf("taken %v after ForceRelease; want within %v", took, takeBound)
-		}
+		w.takenWithin(t, called, "ForceRelease was called")
 		w.wait(t)
 	})
 
 	t.Run("server restart", func(t *testing.T) {
 		name := lockName(t)
-		h := session(t, long)
-		m := dsync.NewMutex(h, name)
-		if err := m.Lock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		awaitBellOf(t, db, h.ID())
+		h, m := hold(t, name)
 		w := startSpinWaiters(t, dsn, name, waiters, long)
 		srv.Kill()
 		if err := srv.Restart(ctx); err != nil {
@@ -379,19 +401,11 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		if got := held(t, name); got != h.ID() {
 			t.Fatalf("holder after the restart: got %d; want %d", got, h.ID())
 		}
-		q0, from := serverQuestions(t, db), time.Now()
-		time.Sleep(2 * time.Second)
-		checkRate(t, db, q0, from, waiters)
+		checkRateFor(t, db, 2*time.Second, waiters)
 		if err := h.Err(); err != nil {
 			t.Fatalf("holder's session: %v", err)
 		}
-		if err := m.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-		freed := time.Now()
-		if took := w.firstTaken(t, takeBound).Sub(freed); took > takeBound {
-			t.Errorf("taken %v after the Unlock; want within %v", took, takeBound)
-		}
+		w.takenWithin(t, unlock(t, m), "the Unlock")
 		w.wait(t)
 	})
 }
@@ -419,22 +433,7 @@ func TestWaiterBlocksBrieflyWhenNotWanted(t *testing.T) {
 	if _, err := tx.Exec("SELECT holder FROM dsync_lock WHERE name = ? FOR UPDATE", name); err != nil {
 		t.Fatal(err)
 	}
-	waiter := dsync.NewMutex(newSession(t, dsync.WithTTL(10*time.Second)), name)
-	got := make(chan time.Time, 1)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := waiter.Lock(wctx); err != nil {
-			t.Error(err)
-			got <- time.Time{}
-			return
-		}
-		at := time.Now()
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Error(err)
-		}
-		got <- at
-	}()
+	got := lockInBackground(t, dsync.NewMutex(newSession(t, dsync.WithTTL(10*time.Second)), name))
 	awaitStatement(t, db, "SELECT IF(GET_LOCK(%", 5*time.Second, "the waiter never blocked on the holder's doorbell")
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
@@ -492,22 +491,7 @@ func TestClaimantGivingUpRings(t *testing.T) {
 	if _, err := db.Exec("UPDATE dsync_lock SET holder = 0, token = 0 WHERE name = ?", name); err != nil {
 		t.Fatal(err)
 	}
-	waiter := dsync.NewMutex(newSession(t, opt), name)
-	got := make(chan time.Time, 1)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := waiter.Lock(wctx); err != nil {
-			t.Error(err)
-			got <- time.Time{}
-			return
-		}
-		at := time.Now()
-		if err := waiter.Unlock(ctx); err != nil {
-			t.Error(err)
-		}
-		got <- at
-	}()
+	got := lockInBackground(t, dsync.NewMutex(newSession(t, opt), name))
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		var blocked int
 		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT IF(GET_LOCK(%' AND STATE = 'User lock'").Scan(&blocked); err != nil {
