@@ -403,18 +403,20 @@ type bellRef struct{ id, gen int64 }
 
 // bellState is what one Lock call's waiting remembers between doorbells.
 type bellState struct {
-	woke      map[bellRef]bool // doorbells it woke from at once or when rung: never blocked on again (see judge)
-	nobody    bool             // the last read found nobody to wait for, and it has not found anyone since
-	pace      time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
-	unwanted  bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
-	wanted    bool             // qLockWant was sent: it may have claimed the next hold
-	wantedAt  time.Time        // when qLockWant was last sent
-	pollUntil time.Time        // poll without trying doorbells until then
-	selfHeld  bool             // the row was last seen held by this session itself
-	soon      bool             // the next paced poll comes after claimPoll, once
-	unarmed   int              // times the holder was found without a doorbell (see unarmedPolls)
-	woken     bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
-	since     time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
+	woke        map[bellRef]bool // doorbells it woke from at once or when rung: never blocked on again (see judge)
+	nobody      bool             // the last read found nobody to wait for, and it has not found anyone since
+	nobodyFence int64            // the lock's fence then
+	nobodyPaced bool             // and it has paced itself since, with that fence
+	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
+	unwanted    bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
+	wanted      bool             // qLockWant was sent: it may have claimed the next hold
+	wantedAt    time.Time        // when qLockWant was last sent
+	pollUntil   time.Time        // poll without trying doorbells until then
+	selfHeld    bool             // the row was last seen held by this session itself
+	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
+	unarmed     int              // times the holder was found without a doorbell (see unarmedPolls)
+	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
+	since       time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
 }
 
 // waitOutcome is what a waiter's doorbell step (awaitBell,
@@ -448,9 +450,9 @@ const (
 )
 
 // nextPace returns how long a waiter waits before its next paced try:
-// claimPoll once after it woke from a doorbell that its holder has not
-// replaced yet (it rang: the holder publishes the next generation at
-// once), else paceFloor, then twice the last, up to paceCap.
+// claimPoll once when it asked to poll soon (a holder without a doorbell
+// yet, or the first time nobody was found again; see judge), else
+// paceFloor, then twice the last, up to paceCap.
 func (st *bellState) nextPace() time.Duration {
 	if st.soon {
 		st.soon = false
@@ -461,39 +463,54 @@ func (st *bellState) nextPace() time.Duration {
 }
 
 // judge decides, from a waiter's read of whom it waits for (found false:
-// nobody; else the doorbell ref), whether it may block on that doorbell
-// (block true) or what its loop does instead. It is the one place that
-// keeps a wake-up from being retried at once on unchanged grounds: a
-// doorbell that woke the waiter once (rung, or gone with its connection)
-// is never blocked on again, so finding it again paces the waiter; and
-// finding nobody to wait for lets it try at once only the first time in a
-// row, then paces it. The pace starts again from paceFloor only on a
-// change: a doorbell not seen before, or nobody found after somebody.
-func (st *bellState) judge(found bool, ref bellRef) (block bool, out waitOutcome) {
+// nobody; else the doorbell ref) and of the lock's fence (0 when unknown),
+// whether it may block on a doorbell (block true), which one, or what its
+// loop does instead. It is the one place that keeps a wake-up from being
+// retried at once on unchanged grounds: a doorbell that woke the waiter
+// once (rung, or gone with its connection) is never blocked on again;
+// finding it again, it blocks on the next generation, which a ring takes
+// before it lets the current one go (so a waiter that read a doorbell
+// rung but not yet replaced in the lease row waits for the next ring),
+// and when that one was free at once too (no ring took it: the
+// connection went away), it paces itself. Finding nobody to wait for lets
+// it try at once, but not twice in a row with the same fence (nobody
+// acquired the lock in between, and its try failed: a transaction holds
+// the row, or statements held it through the no-wait tries): then it
+// paces itself, the first time with claimPoll. The pace starts again from paceFloor
+// only after a block, or when it finds nobody after somebody.
+func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, block bool, out waitOutcome) {
 	if !found {
-		if st.nobody {
-			return false, waitPace
+		if st.nobody && fence == st.nobodyFence {
+			// The first time, soon: a row locked for a moment by other
+			// statements (the no-wait tries gave up) is free again within
+			// milliseconds.
+			st.soon = !st.nobodyPaced
+			st.nobodyPaced = true
+			return ref, false, waitPace
 		}
-		st.nobody, st.pace = true, 0
-		return false, waitTry
+		if !st.nobody {
+			st.pace = 0
+		}
+		st.nobody, st.nobodyFence, st.nobodyPaced = true, fence, false
+		return ref, false, waitTry
 	}
 	st.nobody = false
 	if st.woke[ref] {
-		return false, waitPace
+		ref.gen++
+		if st.woke[ref] {
+			return ref, false, waitPace
+		}
 	}
-	return true, waitTry
+	return ref, true, waitTry
 }
 
 // wokeFrom records that the waiter's block on ref ended with the doorbell
-// free: rung, or gone. A rung doorbell's next generation is published a
-// moment later, so the first paced poll after it comes soon.
+// free: rung, or gone.
 func (st *bellState) wokeFrom(ref bellRef) {
 	if st.woke == nil {
 		st.woke = make(map[bellRef]bool)
 	}
 	st.woke[ref] = true
-	st.soon = true
-	st.pace = 0
 }
 
 // pollFor is how long a waiter polls before it tries doorbells again, once
@@ -530,12 +547,12 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 			return waitPace
 		}
 	}
-	ref, left, err := s.lockBell(ctx, m.name)
+	ref, left, fence, err := s.lockBellFence(ctx, m.name)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return waitPace
 	}
-	block, out := st.judge(err == nil, ref)
+	ref, block, out := st.judge(err == nil, ref, fence)
 	if !block {
 		return out
 	}
@@ -576,10 +593,21 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 // that session's doorbell, and how long its lease has left in
 // microseconds; sql.ErrNoRows when nobody live holds or claimed the row.
 func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left int64, err error) {
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, name}, &ref.id, &ref.gen, &left)
-	})
+	ref, left, _, err = s.lockBellFence(ctx, name)
 	return ref, left, err
+}
+
+// lockBellFence is lockBell that also returns the row's fence (0 when the
+// row is missing).
+func (s *Session) lockBellFence(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+	var id, gen, until sql.NullInt64
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)
+	})
+	if err == nil && !id.Valid {
+		err = sql.ErrNoRows
+	}
+	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
 }
 
 // withDedicated runs f under a ctx that also ends with the session, then
@@ -684,7 +712,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
 	}
-	block, out := st.judge(err == nil, ref)
+	ref, block, out := st.judge(err == nil, ref, 0)
 	switch {
 	case !block:
 		return out
