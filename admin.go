@@ -214,12 +214,13 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // Only fences keep it from doing harm from then on: the next acquisition's
 // fence is greater than the stuck holder's, so a resource that checks
 // fences refuses the stuck holder's writes once the new holder has
-// written. Waiters blocked on the holder's doorbell are woken: when
-// sessions wait, ForceRelease closes the connection that holds the
-// holder's doorbell (KILL CONNECTION; without the privilege for it they
-// wake within 8 s instead), and the holder takes a new doorbell when it
-// next rings. FairMutex and RWMutex holds are not affected (their tickets are
+// written. FairMutex and RWMutex holds are not affected (their tickets are
 // in another lock space).
+//
+// Waiters blocked on the holder's doorbell are woken: when sessions wait,
+// ForceRelease closes the connection that holds the holder's doorbell
+// (KILL CONNECTION; without the privilege for it they wake within 8 s
+// instead), and the holder takes a new doorbell when it next rings.
 //
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
 // [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
