@@ -52,10 +52,12 @@ import (
 // A wake-up is only a hint, and a waiter never tries again at once on the
 // grounds it tried on last (judge): a doorbell it woke from, rung or gone
 // with its connection (a dead holder or claimant, a killed connection, a
-// server restart), is never blocked on again; finding nobody to wait for
-// (a row that a transaction holds after its session ended) lets it try
-// at once only the first time in a row. Otherwise it polls, paced from
-// paceFloor up to paceCap, until it finds something new.
+// server restart), is never blocked on again (found again, its next
+// generation is, once); finding nobody to wait for (a row that a
+// transaction holds after its session ended) lets it try at once only
+// when the lock's fence moved since it last found nobody. Otherwise it
+// polls, paced from paceFloor up to paceCap, until it finds something
+// new.
 //
 // Doorbells are per server, not replicated, so on a Galera
 // cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
@@ -476,8 +478,9 @@ func (st *bellState) nextPace() time.Duration {
 // it try at once, but not twice in a row with the same fence (nobody
 // acquired the lock in between, and its try failed: a transaction holds
 // the row, or statements held it through the no-wait tries): then it
-// paces itself, the first time with claimPoll. The pace starts again from paceFloor
-// only after a block, or when it finds nobody after somebody.
+// paces itself, the first time after claimPoll. The pace starts again
+// from paceFloor only after a block, or when it finds nobody after
+// somebody.
 func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, block bool, out waitOutcome) {
 	if !found {
 		if st.nobody && fence == st.nobodyFence {
