@@ -218,6 +218,11 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // written. FairMutex and RWMutex holds are not affected (they are
 // tickets, and their name's lock row is never held).
 //
+// Waiters blocked on the holder's doorbell are woken: when sessions wait,
+// ForceRelease closes the connection that holds the holder's doorbell
+// (KILL CONNECTION; without the privilege for it they wake within 8 s
+// instead), and the holder takes a new doorbell when it next rings.
+//
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
 // [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
 func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, error) {
@@ -238,6 +243,12 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
+		// Ring for the holder, which does not know: without the
+		// privilege to kill its doorbell's connection, the waiters wake
+		// when their wait ends (at most 8 s).
+		_, _ = db.ExecContext(ctx, qKillBell, conn)
 	}
 	return n > 0, nil
 }

@@ -381,12 +381,15 @@ WHERE name = ?`
 	// asking session itself when it holds the row under a token it no
 	// longer knows (then it polls), and how long that session's lease has left in microseconds
 	// (a waiter blocks no longer: a holder that stopped renewing, paused or
-	// cut off, never rings). Args: lease id, name. No row: nobody live has
-	// the lock or a claim on it; try to take it at once. bell 0: that
-	// session has no doorbell; poll.
-	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
+	// cut off, never rings); first, the row's fence, which tells the
+	// waiter whether anyone acquired it since its last read. Args: lease
+	// id, name. No row: the lock has no row. NULL id: nobody live has the
+	// lock or a claim on it; try to take it at once. bell 0: that session
+	// has no doorbell; poll.
+	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
-WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
+     AND l.expires_at > UTC_TIMESTAMP(6)
+WHERE k.name = ?
 ORDER BY l.id = k.holder DESC LIMIT 1`
 )
 

@@ -446,9 +446,14 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if d == backoff.Stop {
 			return 0, false, ErrNotObtained
 		}
-		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &bells) {
-			// Woken by the doorbell of the ticket ahead, or it timed out,
-			// or the line moved: check again at once.
+		out := waitPoll
+		if err == nil && !lq.heldAgainst(w.mode) {
+			out = s.awaitTicketBell(ctx, name, w, &bells)
+		}
+		switch {
+		case out == waitTry:
+			// Woken by the doorbell of the ticket ahead, or its wait timed
+			// out, or the line moved: check again at once.
 			if err := ctx.Err(); err != nil {
 				return 0, false, err
 			}
@@ -456,10 +461,12 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 				return 0, false, err
 			}
 			continue
-		}
-		// Poll again sooner the closer to the head: every 2ms per holder or
-		// waiter ahead, but never slower than the back-off policy says.
-		if err == nil {
+		case out == waitPace:
+			d = bells.nextPace()
+		case err == nil:
+			// Poll again sooner the closer to the head: every 2ms per
+			// holder or waiter ahead, but never slower than the back-off
+			// policy says.
 			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
 		}
 		if timer == nil {
