@@ -39,9 +39,10 @@ func Schema(prefix string) ([]string, error) {
 type LockKind string
 
 // The kinds of holds. FairMutex holds and RWMutex write holds are one
-// kind, KindWrite: both are exclusive tickets of the queued lock space, and
+// kind, KindWrite: both are exclusive tickets of the queued locks, and
 // the tables do not record which type took them (a FairMutex is the write
-// side of the RWMutex of the same name).
+// side of the RWMutex of the same name). A name has holds of one kind of
+// lock only: Mutex, or the queued locks (see [ErrOtherKind]).
 const (
 	KindMutex LockKind = "mutex" // a Mutex hold
 	KindWrite LockKind = "write" // a FairMutex hold or an RWMutex write hold
@@ -79,7 +80,7 @@ type LockInfo struct {
 // RWMutex writers, and RWMutex readers (one entry per read ticket; the
 // readers of one process usually share one). Waiting sessions are not
 // listed, they are counted in the Waiters of the holds. It reads the
-// database twice (the Mutex and the queued lock spaces), each time in one
+// database twice (the Mutex and the queued locks' tables), each time in one
 // statement that reads every row of the name's table: it is meant for
 // operators, not for a hot path.
 //
@@ -214,8 +215,13 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // Only fences keep it from doing harm from then on: the next acquisition's
 // fence is greater than the stuck holder's, so a resource that checks
 // fences refuses the stuck holder's writes once the new holder has
-// written. FairMutex and RWMutex holds are not affected (their tickets are
-// in another lock space).
+// written. FairMutex and RWMutex holds are not affected (they are
+// tickets, and their name's lock row is never held).
+//
+// Waiters blocked on the holder's doorbell are woken: when sessions wait,
+// ForceRelease closes the connection that holds the holder's doorbell
+// (KILL CONNECTION; without the privilege for it they wake within 8 s
+// instead), and the holder takes a new doorbell when it next rings.
 //
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
 // [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
@@ -237,6 +243,12 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
+		// Ring for the holder, which does not know: without the
+		// privilege to kill its doorbell's connection, the waiters wake
+		// when their wait ends (at most 8 s).
+		_, _ = db.ExecContext(ctx, qKillBell, conn)
 	}
 	return n > 0, nil
 }

@@ -192,13 +192,15 @@ func TestListLocks(t *testing.T) {
 	if err != nil || len(holders) != 2 || holders[0].Kind != dsync.KindRead || holders[1].Kind != dsync.KindRead {
 		t.Errorf("LockHolders(rw): got %+v, %v; want the 2 readers", holders, err)
 	}
-	if err := dsync.NewMutex(d, "fair").Lock(bg); err != nil { // the Mutex space's "fair"
+	if err := dsync.NewMutex(d, "fair").Lock(bg); !errors.Is(err, dsync.ErrOtherKind) { // one name, one lock
+		t.Fatalf("Mutex.Lock of a FairMutex's name: got %v; want ErrOtherKind", err)
+	}
+	if err := dsync.NewMutex(d, "fair/m").Lock(bg); err != nil {
 		t.Fatal(err)
 	}
 	holders, err = dsync.LockHolders(bg, db, prefix, "fair")
-	if err != nil || len(holders) != 2 || holders[0].Kind != dsync.KindMutex || holders[0].Session != d.ID() ||
-		holders[1].Kind != dsync.KindWrite || holders[1].Session != a.ID() {
-		t.Errorf("LockHolders(fair): got %+v, %v; want d's Mutex and a's FairMutex", holders, err)
+	if err != nil || len(holders) != 1 || holders[0].Kind != dsync.KindWrite || holders[0].Session != a.ID() {
+		t.Errorf("LockHolders(fair): got %+v, %v; want a's FairMutex", holders, err)
 	}
 	if holders, err := dsync.LockHolders(bg, db, prefix, "nobody"); err != nil || len(holders) != 0 {
 		t.Errorf("LockHolders(nobody): got %+v, %v; want none", holders, err)
@@ -320,12 +322,12 @@ func TestForceRelease(t *testing.T) {
 	if ok, err := dsync.ForceRelease(bg, db, prefix, "never-used"); ok || err != nil {
 		t.Errorf("ForceRelease of a lock never used: got %v, %v; want false, nil", ok, err)
 	}
-	// A queued lock of the name is another lock: untouched.
-	fair := dsync.NewFairMutex(other, "job")
+	// A queued lock is untouched.
+	fair := dsync.NewFairMutex(other, "queued-job")
 	if err := fair.Lock(bg); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := dsync.ForceRelease(bg, db, prefix, "job"); ok || err != nil {
+	if ok, err := dsync.ForceRelease(bg, db, prefix, "queued-job"); ok || err != nil {
 		t.Errorf("ForceRelease with only a FairMutex held: got %v, %v; want false, nil", ok, err)
 	}
 	if err := fair.Unlock(bg); err != nil {

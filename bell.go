@@ -39,20 +39,34 @@ import (
 // after the ring, so a waiter may read one that has rung) gets it at
 // once. Every path
 // that frees a row or ticket rings (Unlock, the reaper, undo, Close's
-// clean-up), and so does a claimant that gives up. What is left is
-// bounded: a marker of a ticket whose enqueue had an unknown outcome, or
-// one deleted by a purge that raced a number coming again, costs its
-// waiter at most bellWait. The row stays the only source of truth: a
+// clean-up, ForceRelease, which closes the holder's doorbell connection),
+// and so does a claimant that gives up (also when its claim was taken
+// over). What is left is bounded: a marker of a ticket whose enqueue had
+// an unknown outcome, or one deleted by a purge that raced a number
+// coming again, costs its waiter at most bellWait; a Mutex waiter whose
+// qLockWant met the row locked (so wanted_until may not be written)
+// blocks at most paceCap. The row stays the only source of truth: a
 // doorbell that rings for nothing, or never, costs a retry or a wait,
-// never a wrong answer. Doorbells are per server, not replicated, so on a Galera
+// never a wrong answer.
+//
+// A wake-up is only a hint, and a waiter never tries again at once on the
+// grounds it tried on last (judge): a doorbell it woke from, rung or gone
+// with its connection (a dead holder or claimant, a killed connection, a
+// server restart), is never blocked on again (found again, its next
+// generation is, once); finding nobody to wait for (a row that a
+// transaction holds after its session ended) lets it try at once only
+// when the lock's fence moved since it last found nobody. Otherwise it
+// polls, paced from paceFloor up to paceCap, until it finds something
+// new.
+//
+// Doorbells are per server, not replicated, so on a Galera
 // cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
 // when the *sql.DB limits its open connections (doorbells take connections
 // of their own: one per session that has held or waited for a lock, and one per name
-// its process waits for, at most bellWaiters), when a holder has no
-// doorbell (bell 0), or when its doorbell reads as rung at once again and
-// again (its connection went away). A waiter blocks no longer than the
-// holder's lease has left, so a holder that stopped renewing (paused, cut
-// off) is overtaken as soon as its lease ends.
+// its process waits for, at most bellWaiters), or when a holder has no
+// doorbell (bell 0). A waiter blocks no longer than the holder's lease has
+// left, rounded up to a whole second, so a holder that stopped renewing
+// (paused, cut off) is overtaken within a second of its lease's end.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 8                    // most connections a session blocks on doorbells with
@@ -391,14 +405,115 @@ type bellRef struct{ id, gen int64 }
 
 // bellState is what one Lock call's waiting remembers between doorbells.
 type bellState struct {
-	last      bellRef   // the doorbell woken from the time before
-	wanted    bool      // qLockWant was sent: it may have claimed the next hold
-	pollUntil time.Time // poll without trying doorbells until then
-	selfHeld  bool      // the row was last seen held by this session itself
-	soon      bool      // poll once, after claimPoll at most
-	unarmed   int       // times the holder was found without a doorbell (see unarmedPolls)
-	woken     bool      // the doorbell waited on rang: the row may still be locked by the release that rang it
-	since     time.Time // when the Lock began to wait (a claim goes to the longest waiter)
+	woke        map[bellRef]bool // doorbells it woke from at once or when rung: never blocked on again (see judge)
+	nobody      bool             // the last read found nobody to wait for, and it has not found anyone since
+	nobodyFence int64            // the lock's fence then
+	nobodyPaced bool             // and it has paced itself since, with that fence
+	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
+	unwanted    bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
+	wanted      bool             // qLockWant was sent: it may have claimed the next hold
+	wantedAt    time.Time        // when qLockWant was last sent
+	pollUntil   time.Time        // poll without trying doorbells until then
+	selfHeld    bool             // the row was last seen held by this session itself
+	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
+	unarmed     int              // times the holder was found without a doorbell (see unarmedPolls)
+	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
+	since       time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
+}
+
+// waitOutcome is what a waiter's doorbell step (awaitBell,
+// awaitTicketBell) tells its loop to do next.
+type waitOutcome int
+
+const (
+	// waitTry: something changed, or a doorbell rang or timed out after a
+	// block: try the lock again at once.
+	waitTry waitOutcome = iota
+	// waitPace: nothing changed since the last try, or a step failed: try
+	// again after bellState.nextPace, without the back-off's claims.
+	waitPace
+	// waitPoll: there is no doorbell to use (none allowed, the holder has
+	// none, or no connection to block with): poll as the back-off says.
+	waitPoll
+)
+
+// The pace of a waiter whose doorbell step found nothing changed: the
+// grounds of its last try (the doorbell it woke from, or nobody to wait
+// for) have not changed, so trying again at once would be a busy loop
+// against the database (a doorbell whose connection went away, or whose
+// session died, reads as rung at once, for as long as the lease lives on;
+// a row a transaction holds after its session ended has nobody to wait
+// for). It polls after paceFloor, doubling up to paceCap, until something
+// changes: at most 3 statements per paceCap once it has grown, and
+// a lock that falls free meanwhile is taken within paceCap.
+const (
+	paceFloor = 100 * time.Millisecond
+	paceCap   = time.Second
+)
+
+// nextPace returns how long a waiter waits before its next paced try:
+// claimPoll once when it asked to poll soon (a holder without a doorbell
+// yet, or the first time nobody was found again; see judge), else
+// paceFloor, then twice the last, up to paceCap.
+func (st *bellState) nextPace() time.Duration {
+	if st.soon {
+		st.soon = false
+		return claimPoll
+	}
+	st.pace = min(max(2*st.pace, paceFloor), paceCap)
+	return st.pace
+}
+
+// judge decides, from a waiter's read of whom it waits for (found false:
+// nobody; else the doorbell ref) and of the lock's fence (0 when unknown),
+// whether it may block on a doorbell (block true), which one, or what its
+// loop does instead. It is the one place that keeps a wake-up from being
+// retried at once on unchanged grounds: a doorbell that woke the waiter
+// once (rung, or gone with its connection) is never blocked on again;
+// finding it again, it blocks on the next generation, which a ring takes
+// before it lets the current one go (so a waiter that read a doorbell
+// rung but not yet replaced in the lease row waits for the next ring),
+// and when that one was free at once too (no ring took it: the
+// connection went away), it paces itself. Finding nobody to wait for lets
+// it try at once, but not twice in a row with the same fence (nobody
+// acquired the lock in between, and its try failed: a transaction holds
+// the row, or statements held it through the no-wait tries): then it
+// paces itself, the first time after claimPoll. The pace starts again
+// from paceFloor only after a block, or when it finds nobody after
+// somebody.
+func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, block bool, out waitOutcome) {
+	if !found {
+		if st.nobody && fence == st.nobodyFence {
+			// The first time, soon: a row locked for a moment by other
+			// statements (the no-wait tries gave up) is free again within
+			// milliseconds.
+			st.soon = !st.nobodyPaced
+			st.nobodyPaced = true
+			return ref, false, waitPace
+		}
+		if !st.nobody {
+			st.pace = 0
+		}
+		st.nobody, st.nobodyFence, st.nobodyPaced = true, fence, false
+		return ref, false, waitTry
+	}
+	st.nobody = false
+	if st.woke[ref] {
+		ref.gen++
+		if st.woke[ref] {
+			return ref, false, waitPace
+		}
+	}
+	return ref, true, waitTry
+}
+
+// wokeFrom records that the waiter's block on ref ended with the doorbell
+// free: rung, or gone.
+func (st *bellState) wokeFrom(ref bellRef) {
+	if st.woke == nil {
+		st.woke = make(map[bellRef]bool)
+	}
+	st.woke[ref] = true
 }
 
 // pollFor is how long a waiter polls before it tries doorbells again, once
@@ -414,52 +529,45 @@ const pollFor = 100 * time.Millisecond
 const unarmedPolls = 5
 
 // awaitBell waits for the release of the Mutex row name by blocking on its
-// holder's doorbell (see the doorbell comment above). It reports false when
-// the caller should poll instead; true when it waited, or found nobody to
-// wait for, and the row should be tried again at once. st.last is the
-// doorbell it woke from the time before: finding it again means that
-// doorbell rang without being replaced yet, or is gone, and the caller
-// polls once.
-func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
+// holder's doorbell (see the doorbell comment above), and tells the
+// caller's loop what to do next (see waitOutcome and judge).
+func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 	s := m.s
 	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return false
+		return waitPoll
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
-	want := (bellWait + 2*time.Second).Microseconds()
-	st.wanted = true
-	waited := time.Since(st.since).Microseconds()
-	if _, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name); isErrNo(err, 1205) {
-		// A transaction holds the row (LockTx): the session that handed it
-		// over rings its doorbell when the transaction ends, wanted or not.
-	} else if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return false
+	if st.pace == 0 || time.Since(st.wantedAt) >= paceCap {
+		// (A paced waiter said so less than paceCap ago, for longer than
+		// any block that may follow: nothing to renew.)
+		want := (bellWait + 2*time.Second).Microseconds()
+		st.wanted, st.wantedAt = true, time.Now()
+		waited := time.Since(st.since).Microseconds()
+		_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name)
+		st.unwanted = isErrNo(err, 1205)
+		if err != nil && !st.unwanted {
+			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+			return waitPace
+		}
 	}
-	ref, left, err := s.lockBell(ctx, m.name)
+	ref, left, fence, err := s.lockBellFence(ctx, m.name)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return waitPace
+	}
+	ref, block, out := st.judge(err == nil, ref, fence)
+	if !block {
+		return out
+	}
 	var c *connpool.Conn
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return true // nobody live holds or claimed it: try now
-	case err != nil:
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return false
-	case ref == st.last || left < int64(time.Second/time.Microsecond):
-		// Rung but not replaced yet, or gone; or the lease ends within a
-		// second (GET_LOCK takes whole seconds on MySQL): poll this once,
-		// soon (the doorbell goroutine publishes the next generation right
-		// after the ring), not after the back-off, which has grown with
-		// every wake.
-		st.last = bellRef{}
-		st.soon = true
-		return false
 	case ref.gen == 0 && ref.id != s.id && st.unarmed < unarmedPolls:
 		// The holder has no doorbell yet: it takes one right after its
 		// first acquisition, within a few milliseconds. Poll soon, a few
 		// times, before polling for pollFor.
 		st.unarmed++
 		st.soon = true
-		return false
+		return waitPace
 	case ref.gen != 0 && ref.id != s.id:
 		c = s.waiters.get(ctx, s)
 	}
@@ -470,23 +578,39 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) bool {
 		// reaper frees it), or no connection: poll for a while, without
 		// the long claim of a doorbell waiter.
 		st.pollUntil = time.Now().Add(pollFor)
-		m.unclaim(ctx)
-		return false
+		m.unclaim(ctx, false)
+		return waitPoll
 	}
-	st.last = ref
-	ran, rung := s.waitBell(ctx, c, ref, left, m.name, kindMutex)
-	st.woken = rung
-	return ran
+	most := bellWait
+	if st.unwanted {
+		// The row was locked (a LockTx transaction, whose session rings
+		// when it ends; or a statement that held it for longer than the
+		// no-wait tries): wanted_until may not be written, so a release
+		// need not ring. Block no longer than the pace's cap.
+		most = paceCap
+	}
+	return s.waitBell(ctx, c, ref, left, most, m.name, kindMutex, st)
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
 // that session's doorbell, and how long its lease has left in
 // microseconds; sql.ErrNoRows when nobody live holds or claimed the row.
 func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left int64, err error) {
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, name}, &ref.id, &ref.gen, &left)
-	})
+	ref, left, _, err = s.lockBellFence(ctx, name)
 	return ref, left, err
+}
+
+// lockBellFence is lockBell that also returns the row's fence (0 when the
+// row is missing).
+func (s *Session) lockBellFence(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+	var id, gen, until sql.NullInt64
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)
+	})
+	if err == nil && !id.Valid {
+		err = sql.ErrNoRows
+	}
+	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
 }
 
 // withDedicated runs f under a ctx that also ends with the session, then
@@ -575,12 +699,11 @@ func (w *bellWaiter) closeIdle() {
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
 // go, by blocking on its session's doorbell after leaving a marker behind
 // it (qTicketWant), or, with no such ticket ahead, for the head slot's
-// holder to free it. It reports false when the caller should poll instead;
-// true when it waited, or found the line moved, and w's turn should be
-// checked again at once. st is as in awaitBell.
-func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) bool {
+// holder to free it, and tells the caller's loop what to do next, as
+// awaitBell does.
+func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
 	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return false
+		return waitPoll
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
 	var seq, left int64
@@ -588,18 +711,17 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
 	})
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return true // nothing conflicting ahead any more
-	case err != nil:
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-		return false
-	case ref == st.last || left < int64(time.Second/time.Microsecond):
-		st.last = bellRef{}
-		return false
+		return waitPace
+	}
+	ref, block, out := st.judge(err == nil, ref, 0)
+	switch {
+	case !block:
+		return out
 	case ref.gen == 0 || ref.id == s.id:
 		st.pollUntil = time.Now().Add(pollFor)
-		return false
+		return waitPoll
 	}
 	if seq != 0 {
 		// A ticket ahead: leave a marker, so that its release rings. (The
@@ -608,37 +730,43 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		res, err := s.exec(ctx, sTicketWant, name, seq)
 		if err != nil {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-			return false
+			return waitPace
 		}
 		if there, _ := res.LastInsertId(); there != 1 {
-			return true // the ticket ahead went meanwhile
+			return waitTry // the ticket ahead went meanwhile
 		}
 	}
 	c := s.waiters.get(ctx, s)
 	if c == nil {
 		st.pollUntil = time.Now().Add(pollFor)
-		return false
+		return waitPoll
 	}
-	st.last = ref
-	ran, _ := s.waitBell(ctx, c, ref, left, name, kindQueue)
-	return ran
+	return s.waitBell(ctx, c, ref, left, bellWait, name, kindQueue, st)
 }
 
-// waitBell blocks on c until doorbell ref rings, for at most bellWait or
-// what the ringing session's lease has left (left microseconds, at least a
-// second; in whole seconds, which is all MySQL's GET_LOCK takes), or until
-// ctx or the session ends. It reports whether the wait ran (after an error
-// the caller polls), and whether the doorbell rang.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, name, kind string) (ran, rung bool) {
+// waitBell blocks on c until doorbell ref rings, for at most most (a
+// whole number of seconds) or what the ringing session's lease has left
+// (left microseconds), rounded up to whole seconds (all that MySQL's
+// GET_LOCK takes), or until ctx or the session ends. A doorbell that is free at once (rung, or gone with
+// its connection) or rings is recorded in st (see judge); the caller tries
+// again at once after it or after a block that timed out, and paces
+// itself after an error.
+func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, most time.Duration, name, kind string, st *bellState) waitOutcome {
 	bell := bellName(ref.id, ref.gen)
-	timeout := int64(min(bellWait, time.Duration(left)*time.Microsecond+bellLate) / time.Second)
+	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
+	timeout := int64(max((limit+time.Second-1)/time.Second, 1))
 	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
 	})
 	if err != nil {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
-		return false, false
+		return waitPace
 	}
-	return true, got.Int64 == 1
+	st.pace = 0
+	if got.Int64 == 1 {
+		st.wokeFrom(ref)
+		st.woken = true
+	}
+	return waitTry
 }

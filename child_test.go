@@ -32,7 +32,7 @@ type childConfig struct {
 	Goroutines int           // goroutines per process
 	Iterations int           // lock acquisitions per goroutine
 	TTL        time.Duration // session TTL
-	Kind       string        // "fair" or "rw" (role "driver")
+	Kind       string        // "fair" or "rw" (role "driver"); "fair" or "" for a Mutex (role "hold")
 }
 
 func (c childConfig) env() []string {
@@ -119,7 +119,7 @@ func runChild(role string) int {
 	switch role {
 	case "counter":
 		err = childCounter(c)
-	case "hold":
+	case "hold", "wait":
 		err = childHold(c)
 	case "churn":
 		err = childChurn(c)
@@ -205,14 +205,23 @@ func increment(ctx context.Context, db *sql.DB, m *dsync.Mutex, table string) er
 	return err
 }
 
-// childHold takes the lock, says "locked" and waits to be killed.
+// childHold takes the lock (a FairMutex when c.Kind is "fair", else a
+// Mutex), says "locked" and waits to be killed. In role "wait" it first
+// says its session's lease id (to be killed while it waits).
 func childHold(c childConfig) error {
 	_, s, closeAll, err := childSession(c)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	if err := dsync.NewMutex(s, c.Name).Lock(context.Background()); err != nil {
+	if c.Role == "wait" {
+		fmt.Println(s.ID())
+	}
+	lock := dsync.NewMutex(s, c.Name).Lock
+	if c.Kind == "fair" {
+		lock = dsync.NewFairMutex(s, c.Name).Lock
+	}
+	if err := lock(context.Background()); err != nil {
 		return err
 	}
 	fmt.Println("locked")

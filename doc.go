@@ -40,7 +40,8 @@
 // NewSession creates, when they are missing, six tables (names with the
 // prefix of [WithTablePrefix], default "dsync_"): schema, the version of the
 // tables and the state of their clean-up; lease, one row per live session;
-// lock, one row per Mutex name in use; queue, one row per FairMutex or
+// lock, one row per name in use, which says whether a Mutex or the queued
+// locks use it; queue, one row per FairMutex or
 // RWMutex name in use; ticket, one row per waiter or holder of those;
 // txlock, one row per Mutex name that a transaction holds or waits for
 // ([Mutex.LockTx]). Rows
@@ -50,8 +51,13 @@
 // for every statement dsync sends, and [Session] for the connections dsync
 // keeps and the session settings it pins on them.
 //
-// Mutex has a lock space of its own; FairMutex and RWMutex share another,
-// in which a FairMutex is the write side of the RWMutex of the same name.
+// A name is one lock. FairMutex and RWMutex share their names: a FairMutex
+// is the write side of the RWMutex of the same name. A Mutex and those
+// queued locks are kept apart by name instead: a name is bound to the kind
+// that used it first, and the other kind gets [ErrOtherKind] (never both
+// hold it, even when they race for a new name), until the clean-up has
+// deleted the name's idle rows ([WithFreeRowAge]; the queued locks' take
+// about twice the age, their queue row going first).
 //
 // # Operators
 //

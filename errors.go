@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/go-sql-driver/mysql"
@@ -48,8 +49,9 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently (schema version 4 added the queued locks' head slot and
-	// the txlock table, version 3 the clean-up of free rows); dsync never
+	// differently (schema version 5 added the lock table's kind, which
+	// makes one name one lock across kinds; version 4 the queued locks'
+	// head slot and the txlock table, version 3 the clean-up of free rows); dsync never
 	// alters tables. To move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
 	// and, if present, txlock), and start the new processes, which create them
@@ -65,6 +67,16 @@ var (
 	// transaction back), or the owner in ctx holds the lock through Lock.
 	ErrDeadlock = errors.New("dsync: deadlock")
 
+	// ErrOtherKind is returned by Lock, TryLock, LockTx and TryLockTx of a
+	// [Mutex], and by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
+	// [RWMutex], when the name is used by the other kind of lock: a name is
+	// one lock, bound to the kind that first used it (Mutex, or the queued
+	// locks, FairMutex and RWMutex, which share one lock space) until the
+	// clean-up deletes its idle rows (see [WithFreeRowAge]). The call holds
+	// nothing and waits for nothing; the wrapped message names the kind
+	// that uses the name.
+	ErrOtherKind = errors.New("dsync: name is used by another kind of lock")
+
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
 	// became free.
@@ -74,13 +86,13 @@ var (
 // retryable reports whether a failed lock statement may simply be tried
 // again: a deadlock (1213) rolled it back, a lock wait timeout (1205) ran
 // out behind another statement, or the connection failed (the session's
-// keep-alive decides when an outage has lasted too long). Other server
-// errors, such as 1290 (read-only server) or a missing table, are
+// keep-alive decides when an outage has lasted too long). ErrOtherKind,
+// and other server errors, such as 1290 (read-only server) or a missing table, are
 // configuration facts and are returned to the caller.
 func retryable(err error) bool {
 	var me *mysql.MySQLError
 	if !errors.As(err, &me) {
-		return true
+		return !errors.Is(err, ErrOtherKind) // which no retry changes
 	}
 	return slices.Contains(rolledBack, me.Number)
 }
@@ -93,3 +105,14 @@ func retryable(err error) bool {
 // Galera node that is not ready for queries (joining, or cut off from the
 // majority), which refused the statement before running it.
 var rolledBack = []uint16{1213, 1205, 1047}
+
+// otherKindError returns ErrOtherKind for a name that the other kind of
+// lock uses; kind is the kind column of the name's lock row. The caller
+// wraps it with the name.
+func otherKindError(kind int) error {
+	user := "a Mutex"
+	if kind == kindRowQueued {
+		user = "a FairMutex or RWMutex"
+	}
+	return fmt.Errorf("%w: %s uses it (until the clean-up deletes its idle rows, see WithFreeRowAge)", ErrOtherKind, user)
+}

@@ -9,9 +9,11 @@ import "context"
 // concurrent use. Owners ([WithOwner]), reentrancy and fences behave as for
 // Mutex.
 //
-// FairMutex and [RWMutex] share one lock space, separate from Mutex's: a
-// FairMutex is exactly the write side of the RWMutex of the same name, and
-// a Mutex of the same name is another lock.
+// FairMutex and [RWMutex] share one lock space: a FairMutex is exactly the
+// write side of the RWMutex of the same name. A name is one lock: while a
+// [Mutex] uses it (holds it, or held it and its row is not cleaned up yet,
+// see [WithFreeRowAge]), the calls that take a FairMutex or RWMutex of the
+// name return [ErrOtherKind], and the other way round.
 //
 // # Fairness
 //
@@ -50,7 +52,8 @@ type FairMutex struct {
 	q queued
 }
 
-// NewFairMutex returns the fair mutex called name in s's queued lock space.
+// NewFairMutex returns the fair mutex called name in s's queued lock space
+// (see [ErrOtherKind] for a name that a Mutex uses).
 // Names follow the rules of [NewMutex]; with an invalid one every method
 // returns [ErrInvalidName]. NewFairMutex panics if s is nil.
 func NewFairMutex(s *Session, name string) *FairMutex {
@@ -66,8 +69,9 @@ func (m *FairMutex) Name() string { return m.q.name }
 func (m *FairMutex) Fence() int64 { return m.q.fence() }
 
 // Lock joins the line and blocks until it is this caller's turn, ctx ends,
-// or the session ends. Errors are as for [Mutex.Lock], plus
-// [ErrLockUpgrade] when ctx's owner holds a read lock of the name. On error
+// or the session ends. Errors are as for [Mutex.Lock] ([ErrOtherKind] when
+// a Mutex uses the name), plus [ErrLockUpgrade] when ctx's owner holds a
+// read lock of the name. On error
 // the caller is out of the line and holds nothing.
 func (m *FairMutex) Lock(ctx context.Context) error {
 	_, err := m.q.lock(ctx, true)

@@ -50,7 +50,8 @@ import (
 // release commit together. There is no Unlock (it returns [ErrNotOwner]);
 // the hold does not end with the session's lease either. It excludes
 // every other holder of the name: Lock holders of any session, and
-// LockTx transactions.
+// LockTx transactions; and a name that a FairMutex or RWMutex uses gives
+// [ErrOtherKind].
 //
 // tx must be on the session's database server; LockTx names the session's
 // tables with its database, so tx may have another one selected. It works
@@ -78,9 +79,9 @@ import (
 // LockTx again in the same tx returns nil only when tx holds the name in
 // the database at that moment (the hold is one, and ends with tx); it asks
 // the database with two statements in tx (a plain read of the lock row,
-// and, when that shows tx's hold, a locking read of it). ROLLBACK TO a SAVEPOINT taken after LockTx keeps the
-// hold. ROLLBACK TO a SAVEPOINT taken before it ends the hold while tx
-// goes on: the database lets go of tx's row locks, the session frees the
+// and, when that shows tx's hold, a locking read of it). ROLLBACK TO a
+// SAVEPOINT taken after LockTx keeps the hold. ROLLBACK TO a SAVEPOINT
+// taken before it ends the hold while tx goes on: the database lets go of tx's row locks, the session frees the
 // row in the background (at once, or within 500ms where its *sql.DB has a
 // connection limit), and another holder may take the lock while tx runs.
 // LockTx (or TryLockTx) again in tx then takes the lock anew, as a first

@@ -41,7 +41,8 @@ type Mutex struct {
 	err  error // the name's validation error, returned by every call
 }
 
-// NewMutex returns the mutex called name in s's lock space. Names are exact
+// NewMutex returns the mutex called name in s's lock space; a name that a
+// [FairMutex] or [RWMutex] uses gives [ErrOtherKind]. Names are exact
 // byte strings ("Lock", "lock" and "lock " are three locks), 1 to 255 bytes
 // of UTF-8; with another name every method returns [ErrInvalidName].
 // NewMutex panics if s is nil, a programmer error.
@@ -72,7 +73,8 @@ func (m *Mutex) Fence() int64 {
 // Lock blocks until the lock is acquired, ctx ends, or the session ends.
 // It returns nil when acquired; an error wrapping ctx.Err() when ctx ended
 // first; [ErrSessionExpired] or [ErrSessionClosed] when the session ended;
-// [ErrInvalidName]; [ErrNotObtained] when the back-off policy gave up; or a
+// [ErrInvalidName]; [ErrNotObtained] when the back-off policy gave up;
+// [ErrOtherKind], at once, when a FairMutex or RWMutex uses the name; or a
 // database error. On error the lock is not held: an acquisition that reached
 // the database just as ctx or the session ended is undone (in the
 // background when ctx has ended, so Lock returns promptly).
@@ -164,7 +166,7 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			timer.Stop()
 		}
 		if (!claimed.IsZero() || bells.wanted) && fence == 0 {
-			m.unclaim(ctx)
+			m.unclaim(ctx, bells.wanted)
 		}
 	}()
 	if !wait && m.s.noWaitOff.Load() {
@@ -220,8 +222,13 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		if d == backoff.Stop {
 			return 0, 0, ErrNotObtained
 		}
-		if err == nil && m.awaitBell(ctx, &bells) {
-			// Woken by the holder's doorbell, or it timed out, or nobody
+		out := waitPoll
+		if err == nil {
+			out = m.awaitBell(ctx, &bells)
+		}
+		switch {
+		case out == waitTry:
+			// Woken by a doorbell, or its wait timed out, or nobody
 			// holds the lock now: try again at once.
 			if err := ctx.Err(); err != nil {
 				return 0, 0, err
@@ -230,8 +237,9 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 				return 0, 0, err
 			}
 			continue
-		}
-		if err == nil && !bells.selfHeld && time.Since(started) >= m.s.starveAfter() {
+		case out == waitPace:
+			d = bells.nextPace()
+		case err == nil && !bells.selfHeld && time.Since(started) >= m.s.starveAfter():
 			// (A row this session holds itself, under a token it no longer
 			// knows, is freed by the reaper: claiming it would only poll
 			// it faster.)
@@ -247,10 +255,6 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			if !claimed.IsZero() {
 				d = min(d, claimPoll) // only the claimant polls fast
 			}
-		}
-		if bells.soon {
-			bells.soon = false
-			d = min(d, claimPoll)
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
@@ -313,18 +317,21 @@ func (m *Mutex) claim(ctx context.Context) bool {
 
 // unclaim drops this session's claim when its Lock gives up without the
 // lock, also when ctx has ended (a doorbell waiter's claim is long), within
-// unclaimWithin, and rings the session's doorbell: waiters of other
-// sessions may be blocked on it, waiting for this session to take the lock
-// it had claimed. When that fails, the claim lapses after claimFor, or
-// bellWait+2s for a doorbell waiter.
-func (m *Mutex) unclaim(ctx context.Context) {
+// unclaimWithin, and rings the session's doorbell when it dropped the
+// claim, or when ring is set (a doorbell waiter giving up: an older waiter
+// may have taken its claim over meanwhile, so the drop finds none, while
+// waiters that read the claim before are still blocked on this session's
+// doorbell, waiting for it to take the lock). When that fails, the claim
+// lapses after claimFor, or bellWait+2s for a doorbell waiter, or when the
+// session's lease ends.
+func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
 	dropped, err := m.s.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, m.name, m.s.id)
 	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
-	if dropped {
+	if dropped || ring {
 		m.s.ringBell()
 	}
 }

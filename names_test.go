@@ -27,7 +27,7 @@ import (
 var sentinels = []error{
 	dsync.ErrNotHeld, dsync.ErrNotOwner, dsync.ErrSessionExpired, dsync.ErrSessionClosed,
 	dsync.ErrInvalidName, dsync.ErrInvalidOption, dsync.ErrLockUpgrade, dsync.ErrLockDowngrade,
-	dsync.ErrNotObtained,
+	dsync.ErrNotObtained, dsync.ErrOtherKind,
 }
 
 // isSentinel reports whether err wraps one of the package's sentinels.
@@ -148,11 +148,12 @@ const (
 	nameCallLimit = 5 * time.Second
 )
 
-// checkName runs every method of the three primitives on name through s and
-// checks the results: a valid name locks and unlocks exactly like any
-// other, an invalid one makes every call return ErrInvalidName and touches
-// nothing.
-func checkName(t *testing.T, s *dsync.Session, name string) {
+// checkName runs every method of the three primitives on name and checks
+// the results: a valid name locks and unlocks exactly like any other, an
+// invalid one makes every call return ErrInvalidName and touches nothing.
+// The Mutex runs through s, the queued locks through qs, a session of
+// other tables: a name is one lock, so through s they get ErrOtherKind.
+func checkName(t *testing.T, s, qs *dsync.Session, name string) {
 	t.Helper()
 	valid := validLockName(name)
 	call := func(what string, f func(ctx context.Context) error) error {
@@ -235,7 +236,10 @@ func checkName(t *testing.T, s *dsync.Session, name string) {
 	}
 	want("Mutex.Unlock", call("Mutex.Unlock", m.Unlock), nil)
 	want("Mutex.Unlock twice", call("Mutex.Unlock", m.Unlock), dsync.ErrNotHeld)
+	want("FairMutex.Lock of the Mutex's name", call("FairMutex.Lock", dsync.NewFairMutex(s, name).Lock), dsync.ErrOtherKind)
+	want("RWMutex.RLock of the Mutex's name", call("RWMutex.RLock", dsync.NewRWMutex(s, name).RLock), dsync.ErrOtherKind)
 
+	s = qs
 	f := dsync.NewFairMutex(s, name)
 	if f.Name() != name {
 		t.Fatalf("FairMutex.Name: got %q; want %q", f.Name(), name)
@@ -284,8 +288,10 @@ func checkName(t *testing.T, s *dsync.Session, name string) {
 func TestRandomNamesAndOptions(t *testing.T) {
 	bg := context.Background()
 	prefix := privatePrefix("names")
+	qprefix := privatePrefix("qnames")
 	db := dbtest.Open(t)
 	s := newSession(t, dsync.WithTablePrefix(prefix))
+	qs := newSession(t, dsync.WithTablePrefix(qprefix))
 	other := newSession(t, dsync.WithTablePrefix(prefix))
 
 	// Locks another session holds through all of it, one of each kind.
@@ -311,22 +317,23 @@ func TestRandomNamesAndOptions(t *testing.T) {
 		if validLockName(name) {
 			valid[name] = true
 		}
-		checkName(t, s, name)
+		checkName(t, s, qs, name)
 	}
 	t.Logf("%d names (%d distinct valid ones; random ones from seed %d) through 3 primitives in %v",
 		len(names), len(valid), seed, time.Since(start).Round(time.Millisecond))
 
-	// Each valid name made one row in each lock space, an invalid one none.
+	// Each valid name made one row in each lock space, an invalid one none;
+	// a queued lock's name has a row in the lock table too (its kind).
 	for _, c := range []struct {
 		table string
 		want  int
-	}{{"lock", len(valid) + 1}, {"queue", len(valid) + 2}} {
+	}{{prefix + "lock", len(valid) + 3}, {prefix + "queue", 2}, {qprefix + "lock", len(valid)}, {qprefix + "queue", len(valid)}} {
 		var n int
-		if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + c.table + "`").Scan(&n); err != nil {
+		if err := db.QueryRow("SELECT COUNT(*) FROM `" + c.table + "`").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n != c.want {
-			t.Fatalf("rows in %s%s: got %d; want %d (the distinct valid names and the sentinels)", prefix, c.table, n, c.want)
+			t.Fatalf("rows in %s: got %d; want %d (the distinct valid names and the sentinels)", c.table, n, c.want)
 		}
 	}
 

@@ -64,6 +64,12 @@ const (
 	// when a sweep pass found the row free, and its fence then. Lock
 	// statements never read or write them; an acquisition changes fence,
 	// which voids the mark.
+	//
+	// kind binds the name to one kind of lock while the row exists (see
+	// "One name, one kind" below): 0 (kindRowMutex) a Mutex's, 1
+	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), whose row here
+	// is never held (holder stays 0) and whose fence only counts the
+	// creations of the name's queue row.
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name          VARBINARY(255) NOT NULL PRIMARY KEY,
   holder        BIGINT         NOT NULL DEFAULT 0,
@@ -74,12 +80,14 @@ const (
   waiter_since  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   wanted_until  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   idle_since    DATETIME(6)    NULL,
-  idle_fence    BIGINT         NOT NULL DEFAULT 0
+  idle_fence    BIGINT         NOT NULL DEFAULT 0,
+  kind          TINYINT        NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 )
 
-// Schema of the queued locks (FairMutex, RWMutex). They are a lock space of
-// their own: a Mutex and a FairMutex of one name are two locks.
+// Schema of the queued locks (FairMutex, RWMutex). Their rows are apart
+// from Mutex's, but a name is one lock: its row in the lock table says
+// which kind uses it (see "One name, one kind").
 const (
 	// qCreateQueue creates the per-name table of the queued locks: seq is
 	// the name's last ticket number handed out on a cluster (see
@@ -162,8 +170,10 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // version 2 had no doorbells (lease.bell, lock.wanted_until) and no sweep
 // columns (idle_since, idle_fence, swept_at, deleted_fence); version 3 had
 // no head slot (queue.holder, queue.token), so its code would not see a
-// lock held there, and no txlock table (Mutex.LockTx).
-const schemaVersion = 4
+// lock held there, and no txlock table (Mutex.LockTx); version 4 had no
+// lock.kind, so a Mutex and a FairMutex of one name were two locks, and
+// its code would take a name that this version's queued locks use.
+const schemaVersion = 5
 
 // qFenceSeed is the first fence of a row created anew: the greater of the
 // server's UTC clock in microseconds since 1970 and one above the highest
@@ -209,8 +219,11 @@ const (
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is
 // replicated cluster-wide as a total-order operation that writes racing it
-// fail certification against). Args: the six table names.
-const qTablesPresent = `SELECT TABLE_NAME FROM information_schema.TABLES
+// fail certification against). Args: the six table names. Result: one
+// row per table found, its name as stored, and whether the server compares
+// table names without regard to case (@@lower_case_table_names not 0: then
+// it may store and return them in lower case).
+const qTablesPresent = `SELECT TABLE_NAME, @@lower_case_table_names <> 0 FROM information_schema.TABLES
 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?, ?)`
 
 // qWsrepOn tells whether the server is a Galera cluster node with
@@ -258,8 +271,10 @@ const (
 	// insert. Args: lease id, token, name, lease id. LastInsertId is the new
 	// fence when the lock was taken, 0 otherwise (no row, a holder that may
 	// be live, or a claim that may be stale: then qLockAcquire decides).
+	// A row of the queued locks' name (kind 1) is never taken: qLockAcquire
+	// then reports it.
 	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = 0
-WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?)`
+WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?) AND kind = 0`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
 	// statement, whatever state the row is in, unless another waiter's claim
@@ -267,8 +282,9 @@ WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?)`
 	// id, -lease id, token, lease id.
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
-	// lease holds it. RowsAffected is not used: it depends on the client's
-	// clientFoundRows.
+	// lease holds it, otherKind when the name is the queued locks' (kind 1,
+	// see "One name, one kind"; the row is left unchanged). RowsAffected is
+	// not used: it depends on the client's clientFoundRows.
 	//
 	// A row held by this session itself counts as held, even though the
 	// session runs one acquisition per name at a time: an attempt that the
@@ -287,13 +303,13 @@ WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?)`
 	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence)
 VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
 ON DUPLICATE KEY UPDATE
-  holder = IF(NOT EXISTS (SELECT 1 FROM {lease} l
+  holder = IF(kind = 0 AND NOT EXISTS (SELECT 1 FROM {lease} l
                           WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))
               AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
                    OR NOT EXISTS (SELECT 1 FROM {lease} w
                                   WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6))),
               ?, holder),
-  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(kind * ` + otherKindSQL + `)),
   token = IF(holder < 0, ?, token),
   waiter = IF(holder < 0, 0, waiter),
   holder = IF(holder < 0, ?, holder)`
@@ -365,12 +381,15 @@ WHERE name = ?`
 	// asking session itself when it holds the row under a token it no
 	// longer knows (then it polls), and how long that session's lease has left in microseconds
 	// (a waiter blocks no longer: a holder that stopped renewing, paused or
-	// cut off, never rings). Args: lease id, name. No row: nobody live has
-	// the lock or a claim on it; try to take it at once. bell 0: that
-	// session has no doorbell; poll.
-	qLockBell = `SELECT l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k JOIN {lease} l
+	// cut off, never rings); first, the row's fence, which tells the
+	// waiter whether anyone acquired it since its last read. Args: lease
+	// id, name. No row: the lock has no row. NULL id: nobody live has the
+	// lock or a claim on it; try to take it at once. bell 0: that session
+	// has no doorbell; poll.
+	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
-WHERE k.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
+     AND l.expires_at > UTC_TIMESTAMP(6)
+WHERE k.name = ?
 ORDER BY l.id = k.holder DESC LIMIT 1`
 )
 
@@ -507,7 +526,9 @@ const (
 // Queued lock statements.
 const (
 	// qQueueCreate makes sure the per-name row of a queued lock exists,
-	// seeding its counter and fence with qFenceSeed. Args: name.
+	// seeding its counter and fence with qFenceSeed. Args: name. It runs
+	// only in the transaction of qQueueBind, after it bound the name to
+	// the queued locks (see "One name, one kind").
 	qQueueCreate = `INSERT IGNORE INTO {queue} (name, seq, fence) VALUES (?, ` + qFenceSeed + `, ` + qFenceSeed + `)`
 
 	// qTicketInsert enqueues a waiter on a single server, in one statement,
@@ -710,6 +731,71 @@ const (
         OR ` + slotHeldQueue + `)`
 )
 
+// One name, one kind. A name is one lock whatever kind of lock uses it:
+// the name's row in the lock table binds it to one kind while the row
+// exists (kind: 0 Mutex, including Mutex.LockTx; 1 the queued locks,
+// FairMutex and RWMutex, which share one lock space), and the other kind
+// gets ErrOtherKind. Every row of either kind is created through a write
+// of that one row, so two sessions racing with different kinds on a name
+// meet on its primary key, on a single server (the row lock) and on a
+// Galera cluster (certification: the loser's transaction is rolled back,
+// 1213, and runs again):
+//
+//   - A Mutex creates its row by inserting it (qLockAcquire), with kind 0;
+//     a row of kind 1 it leaves unchanged and reports (otherKind).
+//   - A queued lock creates its queue row (qQueueCreate) only in one
+//     transaction with qQueueBind, which writes the lock row: inserts it
+//     with kind 1, or adds one to the fence of a kind-1 row; a kind-0 row
+//     it leaves unchanged and reports. Before that it reads the row
+//     (qLockKind), so that a Mutex's name fails without a write, and
+//     without waiting for a transaction that holds the row (LockTx).
+//   - So a queue row exists only while the name's lock row has kind 1,
+//     and its statements need not read the lock row: the uncontended
+//     paths keep their statements. The sweep deletes a kind-1 row only
+//     when the name has no queue row and no ticket (lockFree), under the
+//     row lock its DELETE takes (on a cluster: a write of the row, which
+//     certification orders against a qQueueBind), and checks both with the
+//     locking reads of a DELETE's subqueries: a queue row is created only
+//     with the lock row written, and a ticket inserted only while the queue
+//     row exists (qTicketInsert reads it FOR UPDATE; qTicketNumber writes
+//     it).
+//
+// The name stays bound until the sweep deletes the row (see "Clean-up of
+// free rows"): a Mutex's the free-row age after its last use, the queued
+// locks' about twice that (their queue row goes first, then the lock
+// row); never with a free-row age of 0.
+const (
+	// qLockKind reads the kind of a name's lock row. A plain read: no
+	// locks. Args: name. No row: the name is unbound.
+	qLockKind = `SELECT kind FROM {lock} WHERE name = ?`
+
+	// qQueueBind binds a name to the queued locks, in the transaction
+	// that creates its queue row (qQueueCreate): it inserts the name's lock
+	// row with kind 1, or adds one to the fence of its kind-1 row (a
+	// change, so that on a Galera cluster the row is written, and
+	// certified against any other write of it; the fence of a kind-1 row
+	// is no lock's, and a change of it voids the sweep's mark). Args: name.
+	// LastInsertId otherKind: the name is a Mutex's (the row is left
+	// unchanged: roll back); else the row binds the name to the queued
+	// locks until the transaction ends.
+	qQueueBind = `INSERT INTO {lock} (name, kind, fence) VALUES (?, 1, LAST_INSERT_ID(1))
+ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + otherKindSQL + `))`
+)
+
+// Kinds of a lock row (the kind column).
+const (
+	kindRowMutex  = 0 // Mutex
+	kindRowQueued = 1 // FairMutex, RWMutex
+)
+
+// otherKind is the answer of qLockAcquire and qQueueBind for a name that
+// the other kind of lock uses. Fences start at qFenceSeed (about 2^51
+// today) and grow by one per acquisition, so they never reach it.
+const (
+	otherKind    = 1 << 61
+	otherKindSQL = "2305843009213693952"
+)
+
 // Clean-up of free rows (see WithFreeRowAge and sweep.go). A sweep pass
 // walks the lock table, then the queue table, in primary-key order, in
 // batches of at most sweepBatch names: qLockBatchEnd finds the batch's last
@@ -832,10 +918,21 @@ WHERE name > ? AND name <= ? AND ` + queueMarkable
 // the cheap columns first: MariaDB evaluates them in order and stops at the
 // first false one, so the subqueries run only for rows that are otherwise
 // ready.
+//
+// A row of the queued locks (kind 1, see "One name, one kind") is free
+// only when its name has no queue row and no ticket: its queue row goes
+// first (the queue table's sweep, the age after that row was found
+// free), then the next pass marks the lock row, and a pass the age later
+// deletes it, unless a queue row was created meanwhile (qQueueBind adds one
+// to the fence, which voids the mark). So the delete's check of the queue
+// and ticket tables, whose subqueries take shared locks, meets no row in
+// use but in a race with such a creation.
 const (
 	lockFree = `(waiter = 0 OR claimed_until < UTC_TIMESTAMP(6))
   AND (holder = 0 OR NOT EXISTS (SELECT 1 FROM {lease} l
-                                 WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)))`
+                                 WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)))
+  AND (kind = 0 OR NOT (EXISTS (SELECT 1 FROM {queue} kq WHERE kq.name = {lock}.name)
+                        OR EXISTS (SELECT 1 FROM {ticket} kt WHERE kt.name = {lock}.name)))`
 	lockReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
   AND ` + lockFree + `)`
 	lockMarkable = `((idle_since IS NULL OR idle_fence <> fence) AND ` + lockFree + `)`
@@ -943,6 +1040,8 @@ const (
 	sTxLockSweepDeleteNoWait
 	sTxHoldEnd
 	sTxHoldEndNoWait
+	sLockKind
+	sQueueBind
 	numStmts
 )
 
@@ -1025,6 +1124,8 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTxLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qTxLockSweepDelete)
 	q.prepared[sTxHoldEnd] = r.Replace(qTxHoldEnd)
 	q.prepared[sTxHoldEndNoWait] = noWaitSQL + r.Replace(qTxHoldEnd)
+	q.prepared[sLockKind] = r.Replace(qLockKind)
+	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	return q
 }
 

@@ -56,7 +56,23 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	// whichever it is, without telling its session. Args: name.
 	// RowsAffected 1: freed; 0: no live lease held it. (Every matched row
 	// is changed, so clientFoundRows does not change the answer.)
-	qForceRelease = `UPDATE {lock} SET holder = 0, token = 0
+	// LastInsertId is the server's id of the connection that holds the
+	// holder's doorbell (see bell.go) when sessions wait for the lock
+	// (wanted_until), else 0: ForceRelease kills that connection
+	// (qKillBell), which wakes the waiters, as the holder's release would
+	// have rung it. The first assignment reads the holder before the
+	// second frees the row (assignments run left to right).
+	qForceRelease = `UPDATE {lock} SET token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
+    COALESCE((SELECT IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell))))
+              FROM {lease} l WHERE l.id = {lock}.holder AND l.bell <> 0), 0), 0)),
+  holder = 0
 WHERE name = ? AND holder <> 0
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))`
+
+	// qKillBell closes the connection that holds a forcibly released
+	// holder's doorbell, which lets the doorbell go and so wakes its
+	// waiters; the holder's session takes a new one when it next rings.
+	// Args: connection id (from qForceRelease). It needs the privilege to
+	// kill that connection (the same user, or CONNECTION ADMIN / SUPER).
+	qKillBell = `KILL CONNECTION ?`
 )

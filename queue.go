@@ -159,10 +159,62 @@ func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64
 		case creates == maxCreates:
 			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, err
 		}
 	}
+}
+
+// createQueueRow creates the name's queue row (qQueueCreate), unless it
+// exists, in one transaction with qQueueBind, which binds the name to the
+// queued locks (see "One name, one kind" in queries.go). It returns
+// ErrOtherKind when a Mutex uses the name, and creates nothing then.
+func (s *Session) createQueueRow(ctx context.Context, name string) error {
+	kind := -1 // no lock row
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(sLockKind))
+		if err != nil {
+			return err
+		}
+		if err := st.QueryRowContext(ctx, name).Scan(&kind); err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if kind == kindRowMutex {
+			return nil // without a write, and without waiting for a LockTx that holds the row
+		}
+		bind, err := c.Stmt(ctx, s.pool, int(sQueueBind))
+		if err != nil {
+			return err
+		}
+		create, err := c.Stmt(ctx, s.pool, int(sQueueCreate))
+		if err != nil {
+			return err
+		}
+		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
+			return nil, s.enqueueTx(ctx, c, func() error {
+				res, err := bind.ExecContext(ctx, name)
+				var bound int64
+				if err == nil {
+					bound, err = res.LastInsertId()
+				}
+				if err != nil {
+					return err
+				}
+				if bound == otherKind {
+					kind = kindRowMutex // a Mutex created the row since the read: nothing was written
+					return nil
+				}
+				kind = kindRowQueued
+				_, err = create.ExecContext(ctx, name)
+				return err
+			})
+		})
+		return err
+	})
+	if err == nil && kind == kindRowMutex {
+		return otherKindError(kindRowMutex)
+	}
+	return err
 }
 
 // insertTicket inserts a ticket, creating the name's row when it is
@@ -209,7 +261,7 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		case creates == maxCreates:
 			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, false, err
 		}
 	}
@@ -320,7 +372,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 		case creates == maxCreates:
 			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if _, err := s.exec(ctx, sQueueCreate, name); err != nil {
+		if err := s.createQueueRow(ctx, name); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -394,9 +446,14 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		if d == backoff.Stop {
 			return 0, false, ErrNotObtained
 		}
-		if err == nil && !lq.heldAgainst(w.mode) && s.awaitTicketBell(ctx, name, w, &bells) {
-			// Woken by the doorbell of the ticket ahead, or it timed out,
-			// or the line moved: check again at once.
+		out := waitPoll
+		if err == nil && !lq.heldAgainst(w.mode) {
+			out = s.awaitTicketBell(ctx, name, w, &bells)
+		}
+		switch {
+		case out == waitTry:
+			// Woken by the doorbell of the ticket ahead, or its wait timed
+			// out, or the line moved: check again at once.
 			if err := ctx.Err(); err != nil {
 				return 0, false, err
 			}
@@ -404,10 +461,12 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 				return 0, false, err
 			}
 			continue
-		}
-		// Poll again sooner the closer to the head: every 2ms per holder or
-		// waiter ahead, but never slower than the back-off policy says.
-		if err == nil {
+		case out == waitPace:
+			d = bells.nextPace()
+		case err == nil:
+			// Poll again sooner the closer to the head: every 2ms per
+			// holder or waiter ahead, but never slower than the back-off
+			// policy says.
 			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
 		}
 		if timer == nil {

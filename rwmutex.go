@@ -75,7 +75,7 @@ func (rw *RWMutex) RLock(ctx context.Context) error {
 }
 
 // TryRLock takes a read lock only if no writer holds the lock or waits for
-// it; it returns false, nil otherwise.
+// it; it returns false, nil otherwise, and errors as RLock does.
 func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 	return rw.q.rlock(ctx, false)
 }

@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,7 +127,7 @@ func TestSchemaVersion2Refused(t *testing.T) {
 	if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + "lock`").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the version 2 lock table after the refused NewSession: got %d rows, %v; want its 1 row", n, err)
 	}
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket"} { // no txlock: NewSession ran no DDL
 		if _, err := db.Exec("DROP TABLE `" + prefix + table + "`"); err != nil {
 			t.Fatal(err)
 		}
@@ -200,5 +201,87 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 	}
 	if mine <= planted {
 		t.Errorf("ticket of the enqueue that waited: got %d; want above the committed %d", mine, planted)
+	}
+}
+
+// TestOlderSchemaGetsNoNewTable checks that NewSession on the tables of an
+// older schema version that lack a table of this version (version 3 had no
+// txlock table) refuses them with ErrSchemaVersion before any DDL: it
+// creates no table.
+func TestOlderSchemaGetsNoNewTable(t *testing.T) {
+	db := dbtest.Open(t)
+	prefix := freshPrefix("schemaold")
+	if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+		t.Fatalf("Close: got %v; want <nil>", err)
+	}
+	// The older tables: no txlock table, an older version recorded.
+	if _, err := db.Exec("DROP TABLE `" + prefix + "txlock`"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE `"+prefix+"schema` SET version = ?", dsync.SchemaVersion-1); err != nil {
+		t.Fatal(err)
+	}
+	tables := func() (n int) {
+		t.Helper()
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?",
+			prefix+"%").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := tables()
+	s, err := dsync.NewSession(context.Background(), db, dsync.WithTablePrefix(prefix))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables of version %d: got %v; want ErrSchemaVersion", dsync.SchemaVersion-1, err)
+	}
+	if after := tables(); after != before {
+		t.Errorf("tables of the prefix after the refused NewSession: got %d; want the %d it had", after, before)
+	}
+	var n int
+	err = db.QueryRow("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", prefix+"txlock").Scan(&n)
+	if err != nil || n != 0 {
+		t.Errorf("the txlock table after the refused NewSession: got %d, %v; want none", n, err)
+	}
+}
+
+// TestUpperCasePrefixFoldedTableNames checks an upper-case table prefix on
+// a server that stores table names in lower case (lower_case_table_names=1,
+// a dedicated throwaway server): a second NewSession finds the tables the
+// first one created, and the sessions exclude each other.
+func TestUpperCasePrefixFoldedTableNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, admin := dedicatedServer(ctx, t, "--lower-case-table-names=1")
+	var folds int
+	if err := admin.QueryRowContext(ctx, "SELECT @@lower_case_table_names").Scan(&folds); err != nil || folds != 1 {
+		t.Fatalf("lower_case_table_names: got %d, %v; want 1 (the server does not fold names)", folds, err)
+	}
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE folded"); err != nil {
+		t.Fatal(err)
+	}
+	db := dbtest.OpenDSN(t, srv.DSN("folded"))
+	const prefix = "MyApp_"
+	first := sessionOn(t, db, dsync.WithTablePrefix(prefix))
+	var stored string
+	if err := db.QueryRowContext(ctx, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() LIMIT 1").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != strings.ToLower(stored) {
+		t.Fatalf("table name stored by the server: got %q; want it in lower case", stored)
+	}
+	second, err := dsync.NewSession(ctx, db, dsync.WithTablePrefix(prefix))
+	if err != nil {
+		t.Fatalf("second NewSession with prefix %q on tables stored as %q: got %v; want <nil>", prefix, stored, err)
+	}
+	t.Cleanup(func() { second.Close() })
+	name := lockName(t)
+	if err := dsync.NewMutex(first, name).Lock(ctx); err != nil {
+		t.Fatalf("Lock: got %v; want <nil>", err)
+	}
+	if ok, err := dsync.NewMutex(second, name).TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock of the other session while the first holds: got %v, %v; want false, <nil>", ok, err)
 	}
 }

@@ -94,7 +94,13 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 // per user) grows the tables for ever. A free row is one no session holds
 // or waits for; rows of held locks, of queued locks with a waiter, and of
 // locks used within the age are never deleted. The next use of a deleted
-// name creates its row again, at the cost of one more statement.
+// name creates its row again, at the cost of one more statement (a queued
+// lock's: a read and a transaction of two).
+//
+// A name's lock row also binds the name to the kind of lock that uses it
+// (see [ErrOtherKind]): the name is free for the other kind once the
+// clean-up has deleted it, the age after its last use for a Mutex, and
+// after its queue row, about twice the age, for a FairMutex or RWMutex.
 //
 // Fences stay strictly increasing across deletion: before it deletes rows,
 // the clean-up records the highest fence among them in the schema table,
@@ -156,27 +162,34 @@ func (o *options) validate() error {
 //
 // # Connections
 //
-// The sessions of one *sql.DB (and table prefix) share a few connections of
-// that pool, which they keep: when the pool has no limit (SetMaxOpenConns)
-// 4, and one more for each further session, so that their renewals need
-// not wait for one another; else a quarter of the limit, at least 2 and at
-// most 4, shared by all of them, or 1 when the limit is 2 or 3 (then
-// renewals only go first: they may wait for one lock statement);
-// a limit of 1 leaves the caller nothing, and NewSession refuses it. When
-// there are two or more, one of them, once opened, is kept warm for lease
-// renewals only (lock statements open their own), and renewals go first, so
-// lock traffic never delays a renewal. dsync
-// pins what its statements rely on (autocommit, isolation, time zone,
-// sql_mode) on these connections, whatever the DSN says, and so never hands
-// them back to the pool: it closes them when it is done with them (the last
-// session closed or lost, or a connection in an unknown state).
+// When the *sql.DB has no connection limit (SetMaxOpenConns), each session
+// keeps a connection of its own for its lease (opened by NewSession, with
+// the renewal prepared, before it returns), so that lock traffic never
+// delays a renewal and a renewal never waits for a connection; the
+// sessions of one *sql.DB (and table prefix) share at most 3 more for lock
+// statements, and each session that has locked or waited keeps a doorbell
+// connection, and up to 8 while waiting (see the README's Connections
+// section). With a limit, the sessions of one *sql.DB share a quarter of
+// it, at least 2 and at most 4, or 1 when the limit is 2 or 3 (then
+// renewals only go first: they may wait for one lock statement); a limit
+// of 1 leaves the caller nothing, and NewSession refuses it. When there
+// are two or more, one of them, once opened, is kept warm for the
+// sessions' renewals only (lock statements open their own), and renewals
+// go first. dsync pins what its statements rely on (autocommit, isolation,
+// time zone, sql_mode) on these connections, whatever the DSN says, and so
+// never hands them back to the pool: it closes them when it is done with
+// them (the session, or the last session of the pool, closed or lost, or a
+// connection in an unknown state). When the server refuses a connection
+// (1040, too many connections), NewSession and the calls that need one
+// return that error.
 type Session struct {
 	db     *sql.DB
 	opts   options
 	q      *queries
 	pool   *connpool.Pool
-	galera bool  // the database is a Galera cluster node (see qSyncWait)
-	id     int64 // lease id, the holder column of the lock rows it holds
+	lease  *leaseConn // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
+	galera bool       // the database is a Galera cluster node (see qSyncWait)
+	id     int64      // lease id, the holder column of the lock rows it holds
 	logger *slog.Logger
 
 	// origin is a reading of the monotonic clock; deadline (nanoseconds
@@ -266,15 +279,15 @@ type sharedPool struct {
 	refs   int  // sessions using it; guarded by pools' mutex
 }
 
-// poolSize is how many connections the sessions of db keep (see Session)
-// when sessions of them share it.
-func poolSize(db *sql.DB, sessions int) (int, error) {
+// poolSize is how many connections the sessions of db share (see Session)
+// for their lock statements, and, when db has a connection limit, for
+// their renewals too.
+func poolSize(db *sql.DB) (int, error) {
 	limit := db.Stats().MaxOpenConnections
 	switch {
 	case limit == 0:
-		// Each session beyond the first may need a connection of its own
-		// for its renewal while the others' are in flight.
-		return maxConns + sessions - 1, nil
+		// Each session renews on a connection of its own (leaseConn).
+		return maxConns - 1, nil
 	case limit < 2:
 		return 0, fmt.Errorf("%w: the *sql.DB allows %d open connection(s); dsync keeps one of them, so allow at least 2 (SetMaxOpenConns)", ErrInvalidOption, limit)
 	case limit < 4:
@@ -301,11 +314,7 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 	pools.Lock()
 	defer pools.Unlock()
 	sp = pools.m[k]
-	sessions := 1
-	if sp != nil {
-		sessions += sp.refs
-	}
-	size, err := poolSize(db, sessions)
+	size, err := poolSize(db)
 	if err != nil {
 		return nil, false, err
 	}
@@ -316,14 +325,24 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 		if galera {
 			setup = append(setup, qSyncWait)
 		}
-		// Every connection has the renewal prepared before a renewal needs
-		// it, so that a renewal costs one round trip even on a new one.
-		sp = &sharedPool{pool: connpool.New(db, size, setup, q.prepared[:], int(sLeaseRenew)), galera: galera}
+		// Where sessions renew on the pool's connections (a *sql.DB with a
+		// connection limit), every one has the renewal prepared before a
+		// renewal needs it, so that a renewal costs one round trip even on
+		// a new one; elsewhere they renew on their own (leaseConn, which
+		// start leaves with the renewal prepared).
+		var eager []int
+		if ownLeaseConn(db) == nil {
+			eager = append(eager, int(sLeaseRenew))
+		}
+		sp = &sharedPool{pool: connpool.New(db, size, setup, q.prepared[:], eager...), galera: galera}
 		// Lock statements never use more than maxConns-1 connections; the
 		// rest serve renewals.
 		sp.pool.LimitNormal(maxConns - 1)
 		pools.m[k] = sp
 	}
+	// Where each session renews on a connection of its own, the pool keeps
+	// none for renewals.
+	sp.pool.KeepReserve(db.Stats().MaxOpenConnections != 0)
 	sp.refs++
 	return sp.pool, sp.galera, nil
 }
@@ -351,7 +370,7 @@ func releasePool(db *sql.DB, q *queries) {
 	if sp.refs--; sp.refs == 0 {
 		delete(pools.m, k)
 		sp.pool.Close()
-	} else if size, err := poolSize(db, sp.refs); err == nil {
+	} else if size, err := poolSize(db); err == nil {
 		sp.pool.Resize(size)
 	}
 }
@@ -394,6 +413,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		opts:    o,
 		q:       q,
 		pool:    pool,
+		lease:   ownLeaseConn(db),
 		galera:  galera,
 		logger:  o.logger,
 		done:    make(chan struct{}),
@@ -411,6 +431,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	})
 	if err := s.start(ctx); err != nil {
 		s.stop()
+		s.lease.close()
 		s.release.Do(func() { releasePool(db, q) })
 		return nil, err
 	}
@@ -421,8 +442,9 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	return s, nil
 }
 
-// start creates the missing tables and the lease, on one priority
-// connection, and sets the first deadline.
+// start creates the missing tables and the lease, on the connection of the
+// lease statements, which it leaves with the renewal prepared, and sets the
+// first deadline.
 func (s *Session) start(ctx context.Context) error {
 	return s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
 		// On a Galera cluster the DDL of sessions creating the tables at
@@ -469,7 +491,9 @@ func (s *Session) start(ctx context.Context) error {
 // createTables creates whichever of the tables are missing, and checks the
 // schema version they were created with. The version table is created (and
 // the version recorded) before the others, so tables without it are of a
-// dsync older than the version record.
+// dsync older than the version record. A version already recorded is
+// checked before any DDL, so that tables of another version are left as
+// they are (no table of this version is added beside them).
 func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	present, err := s.tablesPresent(ctx, c)
 	if err != nil {
@@ -479,6 +503,20 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	if !present[schema] && len(present) > 0 {
 		return fmt.Errorf("%w: table %s has no version record (created by a dsync before schema version %d)",
 			ErrSchemaVersion, s.q.tables[1], schemaVersion)
+	}
+	if present[schema] && len(present) < len(s.q.tables) {
+		var version int
+		err := c.QueryRowContext(ctx, s.q.version).Scan(&version)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// Created by a session that has not recorded the version
+			// yet; checked again below.
+		case err != nil:
+			return err
+		case version != schemaVersion:
+			return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
+				ErrSchemaVersion, schema, version, schemaVersion)
+		}
 	}
 	for i, table := range s.q.tables {
 		if present[table] {
@@ -512,7 +550,11 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	return nil
 }
 
-// tablesPresent reads which of the session's tables exist.
+// tablesPresent reads which of the session's tables exist, keyed by the
+// session's names for them. A server that compares table names without
+// regard to case (lower_case_table_names) may return them in lower case
+// whatever the prefix's case: its names are matched to the session's
+// without regard to case too.
 func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[string]bool, error) {
 	t := s.q.tables
 	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4], t[5])
@@ -523,10 +565,15 @@ func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[stri
 	present := make(map[string]bool)
 	for rows.Next() {
 		var name string
-		if err := rows.Scan(&name); err != nil {
+		var folds bool
+		if err := rows.Scan(&name, &folds); err != nil {
 			return nil, err
 		}
-		present[name] = true
+		for _, table := range t {
+			if name == table || folds && strings.EqualFold(name, table) {
+				present[table] = true
+			}
+		}
 	}
 	return present, rows.Err()
 }
@@ -558,6 +605,16 @@ func (s *Session) TTL() time.Duration { return s.opts.ttl }
 // lost (see [Session.Err]) or [Session.Close] was called. Select on it
 // beside long work done under a lock, and stop that work when it closes.
 func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Deadline returns the local time until which the lease is known to hold:
+// the last successful renewal's send time plus the TTL, less the safety
+// margin of TTL/5 (the server keeps the lease at least TTL/5 longer). A
+// renewal that succeeds moves it later; when none does before it, Done
+// closes then. It has a monotonic clock reading, so [time.Until] of it is
+// exact. Once the session has ended it no longer moves.
+func (s *Session) Deadline() time.Time {
+	return s.origin.Add(time.Duration(s.deadline.Load()))
+}
 
 // Err returns nil while the session is live, [ErrSessionExpired] once its
 // lease was lost, and [ErrSessionClosed] after Close. It checks the renewal
@@ -670,8 +727,9 @@ func (s *Session) keepAlive() {
 
 var errLeaseEnded = errors.New("lease ended on the server")
 
-// renew extends the lease once, on a priority connection, and returns when
-// the renewal was sent: the lease lasts at least TTL from then.
+// renew extends the lease once, on the connection of the lease statements
+// (see leaseConn), and returns when the renewal was sent: the lease lasts
+// at least TTL from then.
 func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
 	err = s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(sLeaseRenew))
@@ -702,13 +760,15 @@ func (s *Session) lose(cause error) {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
 	}) {
 		s.stop()
+		s.lease.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
 		s.release.Do(func() { releasePool(s.db, s.q) })
 	}
 }
 
 // withConn runs f on one of the session's connections (priority: a lease
-// statement), under a ctx that ends when ctx does or when the session ends
+// statement, which runs on the session's own connection when it has one,
+// see leaseConn), under a ctx that ends when ctx does or when the session ends
 // (closed or lost), so that no call outlives its session even with a
 // context.Background() ctx and a database that stopped answering; Close's
 // own statements (see closingCtx) run under Close's ctx alone. A connection
@@ -738,8 +798,12 @@ func (s *Session) withConn(ctx context.Context, priority bool, f func(context.Co
 	return err
 }
 
-// use runs f on a connection from the pool under ctx and puts it back.
+// use runs f on a connection from the pool under ctx and puts it back, or,
+// for a lease statement, on the session's own connection when it has one.
 func (s *Session) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+	if priority && s.lease != nil {
+		return s.lease.use(ctx, s.pool, f)
+	}
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil {
 		return err
@@ -751,6 +815,64 @@ func (s *Session) use(ctx context.Context, priority bool, f func(context.Context
 		s.pool.Put(c, err)
 	}
 	return err
+}
+
+// leaseConn is a session's own connection for its lease statements (the
+// lease insert, then renewals), apart from the connections its locks use:
+// whatever lock traffic needs (connections to open, statements to prepare,
+// doorbells) never delays a renewal, and a renewal never waits for a
+// connection that lock traffic, or another session of the same *sql.DB,
+// holds. NewSession opens it and prepares the renewal on it before it
+// returns; after a failure that may have left it unusable it is closed, and
+// the next renewal opens another. Sessions have one when their *sql.DB has
+// no connection limit; on a limited one they renew on the connection that
+// the shared pool keeps for renewals instead, so that they do not take a
+// connection each of the caller's share.
+type leaseConn struct {
+	mu sync.Mutex     // held for a use: by start, the keep-alive goroutine, Close
+	c  *connpool.Conn // guarded by mu; nil: opened at the next use
+}
+
+// ownLeaseConn returns the lease connection of a new session on db, or nil
+// when db has a connection limit.
+func ownLeaseConn(db *sql.DB) *leaseConn {
+	if db.Stats().MaxOpenConnections != 0 {
+		return nil
+	}
+	return &leaseConn{}
+}
+
+// use runs f on the connection, opened (and set up as p's are) when there
+// is none, and closes it when f's use did not end cleanly.
+func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Context, *connpool.Conn) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		c, err := p.Dedicated(ctx)
+		if err != nil {
+			return err
+		}
+		l.c = c
+	}
+	err := f(ctx, l.c)
+	if ctx.Err() != nil || !connpool.Reusable(err) {
+		l.c.Close() // the driver may have closed it, or a statement may still run on it
+		l.c = nil
+	}
+	return err
+}
+
+// close closes the connection, if any; l may be nil.
+func (l *leaseConn) close() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c != nil {
+		l.c.Close()
+		l.c = nil
+	}
 }
 
 // closingKey marks the ctx of Close's own statements, which run after the
@@ -900,6 +1022,7 @@ func (s *Session) Close() error {
 	s.stopBell()
 	<-s.sweeper
 	defer s.release.Do(func() { releasePool(s.db, s.q) })
+	defer s.lease.close()
 	if lost {
 		return nil
 	}
@@ -908,8 +1031,9 @@ func (s *Session) Close() error {
 	defer cancel()
 	ctx = closingCtx(ctx)
 	// Deleting the lease frees every lock row and ticket of the session at
-	// once: a holder whose lease row is gone holds nothing.
-	if _, err := s.exec(ctx, sLeaseDelete, s.id); err != nil {
+	// once: a holder whose lease row is gone holds nothing. It runs where
+	// renewals did, on a connection that is open.
+	if _, err := s.execConn(ctx, true, sLeaseDelete, maxRetries, s.id); err != nil {
 		return fmt.Errorf("dsync: close session %d (its lease ends on the server within %v): %w", s.id, s.opts.ttl, err)
 	}
 	// Then tidy what the session knows it held, so the next acquisition of
@@ -966,8 +1090,14 @@ func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Re
 // execRetrying is exec with at most lockWaits retries after a lock wait
 // timeout (see retryRolledBackN).
 func (s *Session) execRetrying(ctx context.Context, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+	return s.execConn(ctx, false, stmt, lockWaits, args...)
+}
+
+// execConn is execRetrying on a connection for lease statements (priority)
+// or for lock statements.
+func (s *Session) execConn(ctx context.Context, priority bool, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	var res sql.Result
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+	err := s.withConn(ctx, priority, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(stmt))
 		if err != nil {
 			return err
@@ -1033,7 +1163,8 @@ const (
 // returns the new fence, or 0 when not taken. Its outcome is unknown when
 // the statement failed other than by a server error (the connection
 // broke, ctx ended): then the attempt is undone (see undo) before the
-// error is returned, so that no row is left held without a holder.
+// error is returned, so that no row is left held without a holder. A
+// name that the queued locks use gives ErrOtherKind.
 func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (int64, error) {
 	var res sql.Result
 	var err error
@@ -1054,7 +1185,11 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode
 		}
 		return 0, err
 	}
-	return res.LastInsertId()
+	fence, err := res.LastInsertId()
+	if fence == otherKind {
+		return 0, otherKindError(kindRowQueued) // see "One name, one kind" in queries.go
+	}
+	return fence, err
 }
 
 // noWaitLockWaits is how often execNoWait runs a statement again after it

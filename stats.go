@@ -20,8 +20,7 @@ import (
 type Stats struct {
 	// Held is the number of lock names the session holds now, each name
 	// once however many holds (reentrant, or readers sharing a read hold)
-	// it has. A Mutex and a FairMutex (or RWMutex) of one name are two
-	// locks and count as two. It is 0 once the session has ended.
+	// it has. It is 0 once the session has ended.
 	Held int
 	// Waiting is the number of Lock and RLock calls (one per goroutine)
 	// that are waiting now: they have waited (see above), not returned,

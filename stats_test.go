@@ -326,13 +326,13 @@ func TestStatsScripted(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A Mutex and a FairMutex of one name are two held locks.
-	f := dsync.NewFairMutex(s, name)
+	// A Mutex and a FairMutex are two held locks.
+	f := dsync.NewFairMutex(s, name+"/fair")
 	mustLock(t, m, bg)
 	if err := f.Lock(bg); err != nil {
 		t.Fatalf("FairMutex Lock: got %v; want nil", err)
 	}
-	check("Mutex and FairMutex of one name", statsWant{held: 2, acquisitions: 12, contended: 2})
+	check("Mutex and FairMutex", statsWant{held: 2, acquisitions: 12, contended: 2})
 	mustUnlock(t, m, bg)
 	if err := f.Unlock(bg); err != nil {
 		t.Fatal(err)
@@ -346,7 +346,7 @@ func TestStatsScripted(t *testing.T) {
 	}
 
 	// A FairMutex Lock and an RLock that wait for the other session.
-	of, orw := dsync.NewFairMutex(o, name), dsync.NewRWMutex(o, name+"/rw")
+	of, orw := dsync.NewFairMutex(o, name+"/fair"), dsync.NewRWMutex(o, name+"/rw")
 	for _, c := range []struct {
 		what         string
 		hold, unhold func(context.Context) error
@@ -392,7 +392,7 @@ func TestStatsHeldEndsWithSession(t *testing.T) {
 	s := newSession(t)
 	name := lockName(t)
 	mustLock(t, dsync.NewMutex(s, name), bg)
-	if err := dsync.NewFairMutex(s, name).Lock(bg); err != nil {
+	if err := dsync.NewFairMutex(s, name+"/fair").Lock(bg); err != nil {
 		t.Fatal(err)
 	}
 	if err := dsync.NewRWMutex(s, name+"/rw").RLock(bg); err != nil {
@@ -558,13 +558,13 @@ func TestStatsLongWaitLogged(t *testing.T) {
 		t.Fatalf("Lock: got %v; want nil", r.err)
 	}
 
-	orw := dsync.NewRWMutex(o, name)
+	orw := dsync.NewRWMutex(o, name+"/rw")
 	if err := orw.Lock(bg); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(bg, ttl+200*time.Millisecond)
 	defer cancel()
-	rlock := receive(t, "RLock", goTimed(func() error { return dsync.NewRWMutex(s, name).RLock(ctx) }))
+	rlock := receive(t, "RLock", goTimed(func() error { return dsync.NewRWMutex(s, name+"/rw").RLock(ctx) }))
 	if !errors.Is(rlock.err, context.DeadlineExceeded) {
 		t.Fatalf("RLock: got %v; want an error wrapping context.DeadlineExceeded", rlock.err)
 	}
@@ -581,13 +581,13 @@ func TestStatsLongWaitLogged(t *testing.T) {
 	withErr["err"] = slog.KindAny
 	checkRecord(t, got[1], slog.LevelWarn, s.ID(), withErr)
 	for i, want := range []struct {
-		kind, op string
-		acquired bool
-	}{{"mutex", "lock", true}, {"queue", "rlock", false}} {
+		lock, kind, op string
+		acquired       bool
+	}{{name, "mutex", "lock", true}, {name + "/rw", "queue", "rlock", false}} {
 		r := got[i]
-		if r.attrs["lock"].String() != name || r.attrs["kind"].String() != want.kind || r.attrs["op"].String() != want.op ||
+		if r.attrs["lock"].String() != want.lock || r.attrs["kind"].String() != want.kind || r.attrs["op"].String() != want.op ||
 			r.attrs["acquired"].Bool() != want.acquired {
-			t.Errorf("long-wait record %d: got %v; want lock %q, kind %s, op %s, acquired %v", i+1, r, name, want.kind, want.op, want.acquired)
+			t.Errorf("long-wait record %d: got %v; want lock %q, kind %s, op %s, acquired %v", i+1, r, want.lock, want.kind, want.op, want.acquired)
 		}
 		if w := r.attrs["waited"].Duration(); w < ttl {
 			t.Errorf("long-wait record %d: waited got %v; want at least the TTL (%v)", i+1, w, ttl)
@@ -617,7 +617,7 @@ func TestStatsConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", name, i%2))
-			f := dsync.NewFairMutex(s, fmt.Sprintf("%s/%d", name, i%2))
+			f := dsync.NewFairMutex(s, fmt.Sprintf("%s/%d/fair", name, i%2))
 			for range rounds {
 				for _, l := range []interface {
 					Lock(context.Context) error

@@ -40,6 +40,7 @@ const (
 	exitUnavailable = 69  // EX_UNAVAILABLE: the database could not be used (before the command started)
 	exitLeaseLost   = 70  // EX_SOFTWARE: the lease was lost while the command ran
 	exitNotObtained = 75  // EX_TEMPFAIL: the lock was not obtained (--nonblock, or --wait elapsed)
+	exitOtherKind   = 78  // EX_CONFIG: another kind of lock uses the name (a Mutex, or --fair/--read/--write)
 	exitCannotRun   = 126 // the command was found but could not be started (as in sh)
 	exitNotFound    = 127 // the command was not found (as in sh)
 	exitSignal      = 128 // plus the signal's number
@@ -61,7 +62,10 @@ const usage = `usage:
       -n, --nonblock   fail at once if the lock is taken
       --fair | --read | --write
                        FairMutex; RWMutex read side; RWMutex write side (default: Mutex)
-      --grace D        on lease loss: SIGTERM to the command, SIGKILL after D (default 10s)
+      --grace D        when renewals fail and the lease ends in D: SIGTERM to the
+                       command's process group, SIGKILL D later, as the lease ends;
+                       the group is dead and reaped before the database can give the
+                       lock to another (at most TTL/4; default TTL/4, at most 10s)
       --label L        holder label (default host:pid)
       --connect-timeout D
                        give up connecting after D (default 10s)
@@ -71,7 +75,9 @@ const usage = `usage:
                                                free a Mutex held by a live session
 ls and release also take --connect-timeout D, which bounds the whole command.
 Exit status of run: the command's; 128+N when it died of signal N; 75 lock not
-obtained; 70 lease lost while the command ran; 69 database unusable; 64 usage.
+obtained; 78 the name is used by another kind of lock (--fair, --read and
+--write against none of them); 70 lease lost or at risk while the command ran
+(dsync stopped it); 69 database unusable; 64 usage.
 `
 
 var (

@@ -82,6 +82,37 @@ func signalChild(pid int, sig syscall.Signal) {
 	_ = syscall.Kill(-pid, sig)
 }
 
+// adoptOrphans makes dsync the child subreaper of the processes the
+// command starts (PR_SET_CHILD_SUBREAPER): those whose parent dies become
+// dsync's children rather than init's, so that after the command's group
+// got SIGKILL dsync can reap them all (reapGroup) and know the group is
+// empty (groupGone), whatever init does with its orphans.
+func adoptOrphans() {
+	const prSetChildSubreaper = 36 // <linux/prctl.h>
+	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
+}
+
+// reapGroup reaps the processes of the command's process group pgid that
+// have ended and are dsync's children (see adoptOrphans). Call it only
+// once the command itself has been reaped by waitChild, which it would
+// otherwise race.
+func reapGroup(pgid int) {
+	for {
+		var ws syscall.WaitStatus
+		wpid, err := syscall.Wait4(-pgid, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || wpid <= 0 {
+			return
+		}
+	}
+}
+
+// groupGone reports whether no process of the process group pgid exists
+// any more, not even unreaped.
+func groupGone(pgid int) bool { return syscall.Kill(-pgid, 0) == syscall.ESRCH }
+
 // continueChild continues the command's process group, in case it is
 // stopped.
 func continueChild(pid int) { _ = syscall.Kill(-pid, syscall.SIGCONT) }
@@ -93,8 +124,8 @@ func continueChild(pid int) { _ = syscall.Kill(-pid, syscall.SIGCONT) }
 // terminal back and stops itself, so that the shell regains the terminal
 // and sees the job stopped; when the job is continued, dsync gives the
 // terminal back to the command if the job is in the foreground, and
-// continues the command.
-func waitChild(cmd *exec.Cmd, fg bool) int {
+// continues the command if the lease still holds (see suspend).
+func waitChild(cmd *exec.Cmd, fg bool, leaseHolds func() bool) int {
 	pid := cmd.Process.Pid
 	defer cmd.Process.Release()
 	for {
@@ -111,7 +142,7 @@ func waitChild(cmd *exec.Cmd, fg bool) int {
 		case ws.Signaled():
 			return exitSignal + int(ws.Signal())
 		case ws.Stopped() && fg:
-			suspend(pid)
+			suspend(pid, leaseHolds)
 		}
 	}
 }
@@ -120,12 +151,18 @@ func waitChild(cmd *exec.Cmd, fg bool) int {
 // stopped at the terminal, and continues the command when dsync is
 // continued. While dsync is stopped its lease is not renewed: a job stopped
 // for longer than about the TTL loses the lock, and the command gets
-// SIGTERM as soon as it is continued. When no shell with job control
-// could continue dsync (see jobControlled), dsync continues the command at
-// once, keeping it in the foreground: the stop is undone.
-func suspend(pgid int) {
+// SIGKILL when it is continued: suspend continues it only while
+// leaseHolds reports the lease safe (not at risk), since a lease lost while
+// dsync was stopped may already be another holder's; the stop of the
+// command then ends with the SIGTERM or SIGKILL of stopCommand. When no
+// shell with job control could continue dsync (see jobControlled), dsync
+// continues the command at once, keeping it in the foreground: the stop is
+// undone.
+func suspend(pgid int, leaseHolds func() bool) {
 	if !jobControlled() {
-		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		if leaseHolds() {
+			_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		}
 		return
 	}
 	var tty int32
@@ -137,7 +174,9 @@ func suspend(pgid int) {
 		tty = int32(pgid)
 		_ = ioctlPgrp(0, syscall.TIOCSPGRP, &tty)
 	}
-	_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	if leaseHolds() {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	}
 }
 
 // stopJob stops dsync's process group (dsync, and the rest of a pipeline

@@ -32,9 +32,17 @@ func signalChild(pid int, sig syscall.Signal) {
 
 func continueChild(pid int) {}
 
+func adoptOrphans() {}
+
+func reapGroup(pgid int) {}
+
+// groupGone reports true: the command has no process group of its own, and
+// has been reaped when this is called.
+func groupGone(pgid int) bool { return true }
+
 // waitChild waits for the command to end and returns its exit status, or
 // 128+N when a signal N ended it.
-func waitChild(cmd *exec.Cmd, fg bool) int {
+func waitChild(cmd *exec.Cmd, fg bool, leaseHolds func() bool) int {
 	_ = cmd.Wait()
 	ws, ok := cmd.ProcessState.Sys().(interface {
 		Signaled() bool

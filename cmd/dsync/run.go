@@ -24,6 +24,17 @@ const (
 	kindWrite = "write"
 )
 
+// defaultGrace is the most --grace defaults to; see graceBound.
+const defaultGrace = 10 * time.Second
+
+// graceBound returns the largest --grace allowed with a TTL: TTL/4. The
+// command gets SIGTERM when the lease's deadline ([dsync.Session.Deadline])
+// is --grace away, and a healthy session's deadline comes as close as
+// 0.8*TTL - min(TTL/3, 2s) (at least 0.47*TTL) just before each renewal:
+// TTL/4 keeps a margin of over a fifth of the TTL for a slow renewal before
+// a healthy command would be stopped.
+func graceBound(ttl time.Duration) time.Duration { return ttl / 4 }
+
 // releaseTimeout bounds the Unlock after the command has ended; Close,
 // which frees everything the session holds anyway, is bounded by the TTL.
 const releaseTimeout = 5 * time.Second
@@ -65,16 +76,18 @@ func parseRun(args []string) (*runConfig, int) {
 	fair := fs.Bool("fair", false, "")
 	read := fs.Bool("read", false, "")
 	write := fs.Bool("write", false, "")
-	fs.DurationVar(&c.grace, "grace", 10*time.Second, "")
+	fs.DurationVar(&c.grace, "grace", defaultGrace, "")
 	fs.StringVar(&c.label, "label", "", "")
 	if code := parseFlags(fs, args); code >= 0 {
 		return nil, code
 	}
-	waitSet := false
+	waitSet, graceSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "wait":
 			waitSet = true
+		case "grace":
+			graceSet = true
 		case "label":
 			c.labelSet = true
 		}
@@ -101,12 +114,18 @@ func parseRun(args []string) (*runConfig, int) {
 		return nil, usageError("run: --wait must not be negative")
 	case c.grace < 0:
 		return nil, usageError("run: --grace must not be negative")
+	case graceSet && c.ttl > 0 && c.grace > graceBound(c.ttl):
+		return nil, usageError(fmt.Sprintf("run: --grace %v is more than TTL/4 = %v (--ttl %v): lower --grace, or raise --ttl to at least %v",
+			c.grace, graceBound(c.ttl), c.ttl, 4*c.grace))
 	case len(rest) == 0:
 		return nil, usageError("run: no lock name")
 	case len(rest) == 1 || len(rest) == 2 && rest[1] == "--":
 		return nil, usageError("run: no command")
 	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
 		return nil, usageError(fmt.Sprintf("run: %q after the lock name: flags go before it, the command after --", rest[1]))
+	}
+	if !graceSet {
+		c.grace = min(defaultGrace, graceBound(c.ttl))
 	}
 	if waitSet && c.wait == 0 {
 		c.nonblock = true
@@ -217,6 +236,11 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 	case errors.Is(err, context.DeadlineExceeded):
 		fmt.Fprintf(stderr, "dsync: lock %q not obtained within --wait %v\n", c.name, c.wait)
 		return exitNotObtained
+	case errors.Is(err, dsync.ErrOtherKind):
+		// At once, whatever --wait says: the name stays bound to the other
+		// kind while its rows exist, so waiting would not end.
+		fmt.Fprintf(stderr, "%v; the command did not run (dsync run takes a Mutex, and with --fair, --read or --write the queued lock of the name)\n", err)
+		return exitOtherKind
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())
 	}
@@ -258,6 +282,7 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 		"DSYNC_SESSION="+strconv.FormatInt(s.ID(), 10))
 	fg := foreground()
 	cmd.SysProcAttr = childAttr(fg)
+	adoptOrphans()
 	started, err := r.start(cmd)
 	if fg {
 		// The command may have taken the terminal, even if it then failed
@@ -279,25 +304,9 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 
 	pid := cmd.Process.Pid // waitChild releases cmd.Process
 	waited := make(chan int, 1)
-	go func() { waited <- waitChild(cmd, fg) }()
-	select {
-	case code = <-waited:
-	case <-s.Done():
-		lost = true
-		fmt.Fprintf(stderr, "dsync: lease of lock %q lost while %s ran: sending it SIGTERM (SIGKILL in %v)\n",
-			c.name, c.argv[0], c.grace)
-		signalChild(pid, syscall.SIGTERM)
-		continueChild(pid) // in case it is stopped
-		t := time.NewTimer(c.grace)
-		select {
-		case code = <-waited:
-			t.Stop()
-		case <-t.C:
-			fmt.Fprintf(stderr, "dsync: %s still runs %v after SIGTERM: sending it SIGKILL\n", c.argv[0], c.grace)
-			signalChild(pid, syscall.SIGKILL)
-			code = <-waited
-		}
-	}
+	leaseHolds := func() bool { return s.Err() == nil && time.Until(s.Deadline()) > c.grace }
+	go func() { waited <- waitChild(cmd, fg, leaseHolds) }()
+	code, lost = c.watchCommand(s, pid, waited)
 	r.exited()
 	if !lost && errors.Is(s.Err(), dsync.ErrSessionExpired) {
 		// Lost as the command ended (the keep-alive had not noticed yet):
@@ -309,6 +318,105 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 		return exitLeaseLost, true
 	}
 	return code, false
+}
+
+// watchCommand waits for the command (pid; its status comes on waited)
+// to end while the lease holds, and returns its status. When the lease
+// is at risk first (its deadline is --grace away, no renewal having moved
+// it) or lost, it stops the command (see stopCommand) and returns
+// exitLeaseLost and true.
+func (c *runConfig) watchCommand(s *dsync.Session, pid int, waited <-chan int) (code int, stopped bool) {
+	for {
+		left := time.Until(s.Deadline())
+		if left <= c.grace {
+			break
+		}
+		// A healthy session moves the deadline on before the timer fires;
+		// then the timer is set again.
+		t := time.NewTimer(left - c.grace)
+		select {
+		case code = <-waited:
+			t.Stop()
+			return code, false
+		case <-s.Done():
+			t.Stop()
+			return c.stopCommand(s, pid, waited), true
+		case <-t.C:
+		}
+	}
+	return c.stopCommand(s, pid, waited), true
+}
+
+// stopCommand ends the command's process group, whose lease is at risk or
+// lost: SIGTERM now, and SIGKILL --grace later, but no later than the
+// lease's deadline or the end of the session (at once when that has come).
+// It returns once the command has been reaped and its group is empty,
+// which SIGKILL at the deadline leaves TTL/5 for: the server keeps the
+// lease at least that much longer, so nobody else can hold the lock yet.
+// A process that SIGKILL cannot end in that time (stuck in the kernel) is
+// reported and left behind: stopCommand returns then anyway. The status
+// is always exitLeaseLost.
+func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) int {
+	start := time.Now()
+	killAt := start.Add(c.grace)
+	if d := s.Deadline(); d.Before(killAt) {
+		killAt = d
+	}
+	killed := false
+	kill := func(why string) {
+		fmt.Fprintf(stderr, "dsync: %s: sending %s SIGKILL\n", why, c.argv[0])
+		signalChild(pid, syscall.SIGKILL)
+		killed = true
+	}
+	select {
+	case <-s.Done():
+		kill(fmt.Sprintf("lease of lock %q lost while %s ran", c.name, c.argv[0]))
+	default:
+		if !start.Before(killAt) {
+			kill(fmt.Sprintf("lease of lock %q lost now (renewals failed)", c.name))
+			break
+		}
+		fmt.Fprintf(stderr, "dsync: lease of lock %q at risk (renewals failing; lost in %v): sending %s SIGTERM, and SIGKILL in %v\n",
+			c.name, time.Until(s.Deadline()).Round(time.Millisecond), c.argv[0], killAt.Sub(start).Round(time.Millisecond))
+		signalChild(pid, syscall.SIGTERM)
+		continueChild(pid) // in case it is stopped
+	}
+	reaped := false
+	done := s.Done() // nil once the command got SIGKILL
+	if killed {
+		done = nil
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if reaped {
+			// Members of the group left behind by the command are
+			// dsync's children now (see reapGroup).
+			reapGroup(pid)
+			if groupGone(pid) {
+				return exitLeaseLost
+			}
+		}
+		now := time.Now()
+		if !killed && !now.Before(killAt) {
+			done = nil
+			kill(fmt.Sprintf("%s or its process group still runs %v after SIGTERM, as the lease of lock %q ends",
+				c.argv[0], now.Sub(start).Round(time.Millisecond), c.name))
+		}
+		if giveUp := s.Deadline().Add(s.TTL() / 5); !now.Before(giveUp) {
+			fmt.Fprintf(stderr, "dsync: processes of %s (process group %d) still exist after SIGKILL, and the lock may pass to another holder now\n", c.argv[0], pid)
+			return exitLeaseLost
+		}
+		select {
+		case <-waited:
+			reaped = true
+			waited = nil
+		case <-done:
+			kill(fmt.Sprintf("lease of lock %q lost while %s ran", c.name, c.argv[0]))
+			done = nil
+		case <-tick.C:
+		}
+	}
 }
 
 // lock is the lock of a dsync run, whatever its kind.

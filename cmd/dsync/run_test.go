@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,11 +51,11 @@ func TestExitStatusCommandSignalled(t *testing.T) {
 func TestExitStatusNotObtained(t *testing.T) {
 	bg := context.Background()
 	s := newSession(t, dsync.WithLabel("test-holder"))
-	name := lockName(t)
+	name, qname := lockName(t), lockName(t)+"/queued"
 	if err := dsync.NewMutex(s, name).Lock(bg); err != nil {
 		t.Fatal(err)
 	}
-	if err := dsync.NewFairMutex(s, name).Lock(bg); err != nil { // the queued lock of the name
+	if err := dsync.NewFairMutex(s, qname).Lock(bg); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -76,6 +77,10 @@ func TestExitStatusNotObtained(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ran := filepath.Join(t.TempDir(), "ran")
+			name := name
+			if tt.flags[0] == "--fair" || tt.flags[0] == "--read" || tt.flags[0] == "--write" {
+				name = qname
+			}
 			r := runDsync(t, args([]string{"run"}, tt.flags, []string{name, "--", "touch", ran})...)
 			if r.code != exitNotObtained {
 				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitNotObtained, r.stderr)
@@ -90,6 +95,91 @@ func TestExitStatusNotObtained(t *testing.T) {
 				t.Errorf("stderr: got %q; want it to say %q", r.stderr, tt.response)
 			}
 		})
+	}
+}
+
+// TestExitStatusOtherKind: 78 when another kind of lock uses the name (a
+// Mutex against --fair, --read and --write, and the other way round),
+// held or idle, at once whatever --wait says; the command never runs. Two
+// dsync runs of different kinds started together: exactly one runs its
+// command, the other exits 78. (Before, the kinds were two locks: every
+// one of these ran its command.)
+func TestExitStatusOtherKind(t *testing.T) {
+	bg := context.Background()
+	s := newSession(t, dsync.WithLabel("test-holder"))
+	name, qname := lockName(t), lockName(t)+"/queued"
+	m, f := dsync.NewMutex(s, name), dsync.NewFairMutex(s, qname)
+	if err := m.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	check := func(t *testing.T, r result, ran string) {
+		t.Helper()
+		if r.code != exitOtherKind {
+			t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitOtherKind, r.stderr)
+		}
+		if exists(ran) {
+			t.Errorf("the command ran")
+		}
+		if !strings.Contains(r.stderr, "another kind of lock") {
+			t.Errorf("stderr: got %q; want it to say %q", r.stderr, "another kind of lock")
+		}
+	}
+	for _, held := range []bool{true, false} {
+		for _, tt := range []struct {
+			name  string
+			flags []string
+		}{
+			{name, []string{"--fair"}},
+			{name, []string{"--read"}},
+			{name, []string{"--write", "--wait", "10s"}},
+			{name, []string{"--fair", "-n"}},
+			{qname, nil},
+			{qname, []string{"--wait", "10s"}},
+			{qname, []string{"-n"}},
+		} {
+			t.Run(fmt.Sprintf("held %v, %s %v", held, map[bool]string{true: "Mutex", false: "FairMutex"}[tt.name == name], tt.flags), func(t *testing.T) {
+				ran := filepath.Join(t.TempDir(), "ran")
+				check(t, runDsync(t, args([]string{"run"}, tt.flags, []string{tt.name, "--", "touch", ran})...), ran)
+			})
+		}
+		if !held {
+			break
+		}
+		if err := m.Unlock(bg); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Unlock(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Two dsync runs of different kinds started together.
+	for round, kind := range [][]string{{"--fair"}, {"--read"}, {"--write"}} {
+		race := fmt.Sprintf("%s/race/%d", lockName(t), round)
+		dir := t.TempDir()
+		var ps []*proc
+		for i, flags := range [][]string{nil, kind} {
+			ps = append(ps, startDsync(t, args([]string{"run"}, flags, []string{race, "--", "touch", filepath.Join(dir, fmt.Sprint(i))})...))
+		}
+		var codes []int
+		for _, p := range ps {
+			codes = append(codes, p.wait(t).code)
+		}
+		ran := 0
+		for i, code := range codes {
+			switch {
+			case code == 0 && exists(filepath.Join(dir, fmt.Sprint(i))):
+				ran++
+			case code != exitOtherKind:
+				t.Errorf("race %v: exit status %d; want 0 or %d", kind, code, exitOtherKind)
+			}
+		}
+		if ran != 1 {
+			t.Errorf("race of a Mutex and %v on one name: %d commands ran (exit statuses %v); want 1, the other exiting %d", kind, ran, codes, exitOtherKind)
+		}
 	}
 }
 
@@ -108,20 +198,11 @@ func TestExitStatusLeaseLost(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			upstream, err := mysql.ParseDSN(dbtest.DSN())
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := faultproxy.New(upstream.Addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			upstream.Addr = p.Addr()
+			p, dsn := newFaultProxy(t)
 			dir := t.TempDir()
 			ready, marker := filepath.Join(dir, "ready"), filepath.Join(dir, "marker")
 			name := lockName(t)
-			d := startDsync(t, args([]string{"run", "--dsn", upstream.FormatDSN(), "--ttl", "2s", "--grace", "1s", name, "--"},
+			d := startDsync(t, args([]string{"run", "--dsn", dsn, "--ttl", "2s", "--grace", "0.5s", name, "--"},
 				script(tt.script, "READY", ready, "MARKER", marker))...)
 			pid, err := strconv.Atoi(strings.TrimSpace(waitFile(t, ready)))
 			if err != nil {
@@ -156,6 +237,74 @@ func TestExitStatusLeaseLost(t *testing.T) {
 				t.Errorf("Lock by another session after the lease was lost: got %v; want nil", err)
 			}
 		})
+	}
+}
+
+// newFaultProxy starts a fault proxy in front of the test server and
+// returns it with the DSN that reaches the test database through it. The
+// proxy is closed when the test ends.
+func newFaultProxy(t *testing.T) (*faultproxy.Proxy, string) {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.New(cfg.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg.Addr = p.Addr()
+	return p, cfg.FormatDSN()
+}
+
+// TestCommandDeadBeforeNextHolder: when a dsync run loses its lease, its
+// command and the command's process group are dead before the lock can
+// pass to another holder, whatever the command does with SIGTERM. The
+// first dsync (TTL 2s, default --grace) runs a command whose SIGTERM trap
+// takes 4s; a second dsync waits for the same lock; a proxy cuts the
+// first's network. The second's command, once it runs, records whether
+// any process of the first's group still exists; the first's trap records
+// when it got SIGTERM and whether it finished.
+func TestCommandDeadBeforeNextHolder(t *testing.T) {
+	p, dsn := newFaultProxy(t)
+	dir := t.TempDir()
+	ready, log := filepath.Join(dir, "ready"), filepath.Join(dir, "log")
+	name := lockName(t)
+	first := startDsync(t, args([]string{"run", "--dsn", dsn, "--ttl", "2s", name, "--"},
+		script(`trap 'echo term >> LOG; sleep 4; echo late >> LOG; exit 0' TERM; echo $$ > READY; while :; do sleep 0.05; done`,
+			"READY", ready, "LOG", log))...)
+	pgid, err := strconv.Atoi(strings.TrimSpace(waitFile(t, ready)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := startDsync(t, args([]string{"run", name, "--"},
+		script(`if kill -0 -PGID 2>/dev/null; then echo 'start: the first group lives' >> LOG; else echo start >> LOG; fi`,
+			"PGID", strconv.Itoa(pgid), "LOG", log))...)
+	before := p.Stats()
+	p.Cut(true)
+	r1, r2 := first.wait(t), second.wait(t)
+	if p.Stats().Dropped == before.Dropped {
+		t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
+	}
+	t.Logf("first dsync: exited %v after it started: %q", r1.took, r1.stderr)
+	if r1.code != exitLeaseLost || !strings.Contains(r1.stderr, "lost") {
+		t.Fatalf("first dsync: got status %d, stderr %q; want %d and the lease lost", r1.code, r1.stderr, exitLeaseLost)
+	}
+	if r2.code != 0 {
+		t.Fatalf("second dsync: got status %d; want 0, its command run (stderr %q)", r2.code, r2.stderr)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// term: the first command got SIGTERM; start: the second command ran
+	// with the first's group gone; never late (the trap outlived the lease).
+	if got := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(got, []string{"term", "start"}) {
+		t.Errorf("log: got %q; want [term start]: SIGTERM, then the next holder with every process of the first command dead", got)
+	}
+	if err := syscall.Kill(-pgid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("the first command's group (%d) after both dsyncs exited: got %v; want it gone (ESRCH)", pgid, err)
 	}
 }
 
@@ -256,6 +405,8 @@ func TestExitStatusUsage(t *testing.T) {
 		{"run: wait and nonblock", []string{"run", "--wait", "1s", "-n", name, "--", "true"}, ""},
 		{"run: negative wait", []string{"run", "--wait", "-1s", name, "--", "true"}, ""},
 		{"run: negative grace", []string{"run", "--grace", "-1s", name, "--", "true"}, ""},
+		{"run: grace above TTL/4", []string{"run", "--ttl", "2s", "--grace", "501ms", name, "--", "true"}, ""},
+		{"run: grace 10s with the default TTL", []string{"run", "--grace", "10s", name, "--", "true"}, ""},
 		{"run: bad duration", []string{"run", "--ttl", "soon", name, "--", "true"}, ""},
 		{"run: TTL too short", []string{"run", "--ttl", "100ms", name, "--", "true"}, ""},
 		{"run: bad prefix", []string{"run", "--prefix", "no-dashes", name, "--", "true"}, ""},
@@ -310,18 +461,46 @@ func TestExitStatusUsage(t *testing.T) {
 	}
 }
 
+// TestGraceBound: --grace may be at most TTL/4, and defaults to that
+// bound (at most 10s); a larger one is a usage error that names the bound
+// and the --ttl it would need.
+func TestGraceBound(t *testing.T) {
+	name := lockName(t)
+	for _, tt := range []struct {
+		flags []string
+		code  int
+		say   string // in stderr
+	}{
+		{[]string{"--ttl", "20s", "--grace", "6s"}, exitUsage, "run: --grace 6s is more than TTL/4 = 5s (--ttl 20s): lower --grace, or raise --ttl to at least 24s\n"},
+		{[]string{"--grace", "4s"}, exitUsage, "TTL/4 = 3.75s (--ttl 15s)"},
+		{[]string{"--ttl", "20s", "--grace", "5s"}, 0, ""},
+		{[]string{"--ttl", "1s"}, 0, ""}, // the default grace fits
+		{[]string{"--ttl", "1s", "--grace", "0"}, 0, ""},
+	} {
+		t.Run(strings.Join(tt.flags, " "), func(t *testing.T) {
+			r := runDsync(t, args([]string{"run"}, tt.flags, []string{name, "--", "true"})...)
+			if r.code != tt.code || !strings.Contains(r.stderr, tt.say) {
+				t.Errorf("got status %d, stderr %q; want %d and %q", r.code, r.stderr, tt.code, tt.say)
+			}
+		})
+	}
+}
+
 // TestCommandEnvironment: the command gets DSYNC_LOCK, DSYNC_FENCE (0 for
 // --read) and DSYNC_SESSION, keeps the rest of the environment, and
-// inherits stdin, stdout and stderr.
+// inherits stdin, stdout and stderr. (The Mutex runs on a name of its
+// own: one name is one kind of lock.)
 func TestCommandEnvironment(t *testing.T) {
-	name := lockName(t)
+	queued := lockName(t)
 	show := `echo "$DSYNC_LOCK|$DSYNC_FENCE|$DSYNC_SESSION|$DSYNC_TEST_INHERITED"; cat; echo to-stderr >&2`
 	var lastFence int64
 	for _, kind := range []string{"", "--fair", "--write", "--read"} {
 		t.Run(strings.TrimPrefix(kind, "--")+"/", func(t *testing.T) {
 			flags := []string{"run", "--label", "env-test"}
+			name := queued + "/mutex"
 			if kind != "" {
 				flags = append(flags, kind)
+				name = queued
 			}
 			cmd, out, errOut := dsyncCmd(args(flags, []string{name, "--", "sh", "-c", show})...)
 			cmd.Env = append(cmd.Env, "DSYNC_TEST_INHERITED=yes")

@@ -10,7 +10,9 @@
 //
 // Priority users (lease renewals) are served before others, and when the
 // pool may hold two or more connections, one of them is kept for priority
-// users alone, so a renewal never waits behind lock statements.
+// users alone, so a renewal never waits behind lock statements, unless
+// [Pool.KeepReserve] turned that off (the priority users have connections
+// of their own).
 package connpool
 
 import (
@@ -35,6 +37,7 @@ type Pool struct {
 	mu        sync.Mutex
 	size      int       // guarded by mu; most connections open at once, at least 1
 	normalMax int       // guarded by mu; see LimitNormal
+	noReserve bool      // guarded by mu; no connection is kept for priority users (see KeepReserve)
 	idle      []*Conn   // guarded by mu; ready for use
 	open      int       // guarded by mu; connections open or being opened
 	normal    int       // guarded by mu; of those, in use by non-priority users
@@ -90,11 +93,17 @@ func (p *Pool) Resize(size int) {
 var ErrClosed = errors.New("connpool: closed")
 
 // normalCap is the most connections non-priority users may hold at once:
-// all of them when the pool holds one, else at most size-1, and at most
-// normalMax when that is set.
+// all of them when the pool holds one or keeps no reserve, else at most
+// size-1, and at most normalMax when that is set.
 func (p *Pool) normalCap() int {
 	if p.size == 1 {
 		return 1
+	}
+	if p.noReserve {
+		if p.normalMax > 0 {
+			return min(p.size, p.normalMax)
+		}
+		return p.size
 	}
 	if p.normalMax > 0 {
 		return min(p.size-1, p.normalMax)
@@ -107,6 +116,20 @@ func (p *Pool) normalCap() int {
 func (p *Pool) LimitNormal(n int) {
 	p.mu.Lock()
 	p.normalMax = n
+	p.mu.Unlock()
+}
+
+// KeepReserve sets whether the pool keeps one connection for priority users
+// (the default): with keep false, every connection serves every user, and
+// a kept reserve becomes an ordinary idle connection.
+func (p *Pool) KeepReserve(keep bool) {
+	p.mu.Lock()
+	p.noReserve = !keep
+	if p.noReserve && p.reserve != nil {
+		p.idle = append(p.idle, p.reserve)
+		p.reserve = nil
+	}
+	p.dispatchLocked()
 	p.mu.Unlock()
 }
 
@@ -335,7 +358,7 @@ func (p *Pool) Put(c *Conn, err error) {
 // priority users: the pool may hold two or more, and no priority user has
 // one or the reserve. Called with mu held.
 func (p *Pool) needReserve() bool {
-	return p.size >= 2 && p.reserve == nil && p.prio == 0
+	return !p.noReserve && p.size >= 2 && p.reserve == nil && p.prio == 0
 }
 
 // Close discards the idle connections; connections in use are discarded

@@ -225,3 +225,36 @@ func TestPoolKeepsTheReserveWarm(t *testing.T) {
 		t.Fatalf("waiting non-priority Get after the only connection became the reserve: got %v; want a connection", err)
 	}
 }
+
+// TestPoolWithoutReserve: with KeepReserve(false), a connection put back
+// serves the next non-priority user, and non-priority users may hold every
+// connection of the pool.
+func TestPoolWithoutReserve(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	p.KeepReserve(false)
+	c, err := p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := queryString(t, ctx, p, c, 1)
+	p.Put(c, nil)
+	c, err = p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, ctx, p, c, 1); got != first {
+		t.Fatalf("non-priority Get after a Put: got connection %v; want %v again (no reserve)", got, first)
+	}
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := p.Get(short, false)
+	if err != nil {
+		t.Fatalf("second non-priority Get on a pool of 2 without reserve: got %v; want a connection", err)
+	}
+	if p.Open() != 2 {
+		t.Errorf("open connections: got %d; want 2", p.Open())
+	}
+	p.Put(n, nil)
+	p.Put(c, nil)
+}
