@@ -29,6 +29,21 @@ func beginTx(t testing.TB, db *sql.DB, iso sql.IsolationLevel) *sql.Tx {
 	return tx
 }
 
+// lockTxPair returns a hold of a name unique to the test, taken by a
+// session with LockTx in tx, a transaction at iso on db, and the Mutex of
+// the name of the holding session (m1) and of another one (m2).
+func lockTxPair(t *testing.T, iso sql.IsolationLevel) (db *sql.DB, tx *sql.Tx, m1, m2 *dsync.Mutex) {
+	t.Helper()
+	db = dbtest.Open(t)
+	name := lockName(t)
+	m1, m2 = dsync.NewMutex(newSession(t), name), dsync.NewMutex(newSession(t), name)
+	tx = beginTx(t, db, iso)
+	if err := m1.LockTx(context.Background(), tx); err != nil {
+		t.Fatalf("LockTx: got %v; want nil", err)
+	}
+	return db, tx, m1, m2
+}
+
 // TestLockTxExcludesLockBothWays: a transaction's hold keeps Lock holders of
 // another session out until it commits, and a Lock holder keeps LockTx out
 // until Unlock; TryLock and TryLockTx answer false at once, without waiting
@@ -37,15 +52,7 @@ func TestLockTxExcludesLockBothWays(t *testing.T) {
 	for _, iso := range isolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			ctx := context.Background()
-			db := dbtest.Open(t)
-			s1, s2 := newSession(t), newSession(t)
-			name := lockName(t)
-			m1, m2 := dsync.NewMutex(s1, name), dsync.NewMutex(s2, name)
-
-			tx := beginTx(t, db, iso)
-			if err := m1.LockTx(ctx, tx); err != nil {
-				t.Fatalf("LockTx: got %v; want nil", err)
-			}
+			db, tx, m1, m2 := lockTxPair(t, iso)
 			if m1.Fence() <= 0 {
 				t.Fatalf("Fence of a LockTx hold: got %d; want > 0", m1.Fence())
 			}
@@ -769,16 +776,17 @@ func txExec(t *testing.T, tx *sql.Tx, query string) {
 var txSessionDBs = []int{0, 4}
 
 // txHold is one LockTx hold of a test: its transaction, and the Mutex of
-// the holding session and of another one.
+// the holding session (s1 below) and of another one (s2).
 type txHold struct {
 	tx       *sql.Tx
 	m, rival *dsync.Mutex
 }
 
 // takeTxHolds takes n LockTx holds of names unique to the test, each in a
-// transaction of its own at iso on db, by s1 (rival: the same name through
-// s2), after a SAVEPOINT a in each transaction when savepoint is set. Where
-// s1's *sql.DB has a connection limit (maxOpen), it then waits until s1
+// transaction of its own at iso, by a session s1 on a *sql.DB limited to
+// maxOpen connections (0: no limit; rival: the same name through another
+// session, s2), after a SAVEPOINT a in each transaction when savepoint is
+// set. Where s1's *sql.DB has a connection limit, it then waits until s1
 // checks for the ends of the holds only now and then (at most every
 // 500ms), as it does for holds that have lasted a while.
 //
@@ -786,9 +794,11 @@ type txHold struct {
 // third session: at REPEATABLE READ, a transaction holding a row keeps a
 // gap locked after a page split moves it, and a row inserted there waits
 // for the transaction's end.
-func takeTxHolds(t *testing.T, db *sql.DB, iso sql.IsolationLevel, s1, s2 *dsync.Session, maxOpen, n int, savepoint bool) []txHold {
+func takeTxHolds(t *testing.T, iso sql.IsolationLevel, maxOpen, n int, savepoint bool) []txHold {
 	t.Helper()
 	ctx := context.Background()
+	db := dbtest.Open(t)
+	s1, s2 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen)), newSession(t)
 	base := lockName(t)
 	names := make([]string, n)
 	s0, tx0 := newSession(t), beginTx(t, db, sql.LevelReadCommitted)
@@ -828,9 +838,7 @@ func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/maxOpen=%d", iso, maxOpen), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				s1 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen))
-				s2 := newSession(t)
-				holds := takeTxHolds(t, dbtest.Open(t), iso, s1, s2, maxOpen, txRoundsFor(maxOpen), true)
+				holds := takeTxHolds(t, iso, maxOpen, txRoundsFor(maxOpen), true)
 				for i, h := range holds {
 					txExec(t, h.tx, "ROLLBACK TO SAVEPOINT a")
 					if i%2 == 0 {
@@ -873,9 +881,7 @@ func TestLockTxAfterCommitThroughTx(t *testing.T) {
 			t.Run(fmt.Sprintf("begin=%v/maxOpen=%d", begin, maxOpen), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				s1 := sessionOn(t, openDB(t, dbtest.DSN(), maxOpen))
-				s2 := newSession(t)
-				for i, h := range takeTxHolds(t, dbtest.Open(t), sql.LevelRepeatableRead, s1, s2, maxOpen, txRoundsFor(maxOpen), false) {
+				for i, h := range takeTxHolds(t, sql.LevelRepeatableRead, maxOpen, txRoundsFor(maxOpen), false) {
 					txExec(t, h.tx, "COMMIT")
 					var inTx bool
 					if err := h.tx.QueryRow("SELECT @@in_transaction").Scan(&inTx); err != nil || inTx {
@@ -910,14 +916,7 @@ func TestLockTxKeptByRollbackToALaterSavepoint(t *testing.T) {
 	for _, iso := range isolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			ctx := context.Background()
-			db := dbtest.Open(t)
-			s1, s2 := newSession(t), newSession(t)
-			name := lockName(t)
-			m1, m2 := dsync.NewMutex(s1, name), dsync.NewMutex(s2, name)
-			tx := beginTx(t, db, iso)
-			if err := m1.LockTx(ctx, tx); err != nil {
-				t.Fatal(err)
-			}
+			_, tx, m1, m2 := lockTxPair(t, iso)
 			fence := m1.Fence()
 			txExec(t, tx, "SAVEPOINT b")
 			txExec(t, tx, "ROLLBACK TO SAVEPOINT b")
