@@ -1001,3 +1001,38 @@ func TestLockTxEndedByRollbackToSavepoint(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLockTxAgain: LockTx again in the transaction that holds the
+// name (it asks the database whether the transaction still holds it).
+func BenchmarkLockTxAgain(b *testing.B) {
+	ctx := context.Background()
+	m := dsync.NewMutex(newSession(b), lockName(b))
+	tx := beginTx(b, dbtest.Open(b), sql.LevelRepeatableRead)
+	if err := m.LockTx(ctx, tx); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := m.LockTx(ctx, tx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLockTxCommit: a first LockTx in a transaction, and its commit.
+func BenchmarkLockTxCommit(b *testing.B) {
+	ctx := context.Background()
+	db := dbtest.Open(b)
+	m := dsync.NewMutex(newSession(b), lockName(b))
+	for b.Loop() {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := m.LockTx(ctx, tx); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
