@@ -221,7 +221,12 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // Waiters blocked on the holder's doorbell are woken: when sessions wait,
 // ForceRelease closes the connection that holds the holder's doorbell
 // (KILL CONNECTION; without the privilege for it they wake within 8 s
-// instead), and the holder takes a new doorbell when it next rings.
+// instead), and the holder takes a new doorbell when it next rings. It
+// kills only a connection that holds a doorbell, checked right before on
+// the connection that ran the release (behind a proxy or load balancer
+// the id could mean another server's connection); a release of another
+// of the holder's locks that was running on it is redone on another
+// connection.
 //
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
 // [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
@@ -236,7 +241,14 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 	if db == nil {
 		return false, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
-	res, err := db.ExecContext(ctx, q.forceRelease, name)
+	// One connection for the release and the kill: the connection id the
+	// release reads means a connection of the server that ran it.
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+	}
+	defer c.Close()
+	res, err := c.ExecContext(ctx, q.forceRelease, name)
 	if err != nil {
 		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
 	}
@@ -245,10 +257,13 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
 	}
 	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
-		// Ring for the holder, which does not know: without the
-		// privilege to kill its doorbell's connection, the waiters wake
-		// when their wait ends (at most 8 s).
-		_, _ = db.ExecContext(ctx, qKillBell, conn)
+		// Ring for the holder, which does not know, if that connection
+		// still holds a doorbell: without the privilege to kill it, the
+		// waiters wake when their wait ends (at most 8 s).
+		var bell bool
+		if err := c.QueryRowContext(ctx, q.isBell, conn, conn).Scan(&bell); err == nil && bell {
+			_, _ = c.ExecContext(ctx, qKillBell, conn)
+		}
 	}
 	return n > 0, nil
 }
@@ -258,7 +273,7 @@ type operatorQueries struct {
 	*queries
 	listMutexes, listMutexesOf string
 	listTickets, listTicketsOf string
-	forceRelease               string
+	forceRelease, isBell       string
 }
 
 // adminQueries validates prefix as WithTablePrefix does and returns its
@@ -278,5 +293,6 @@ func adminQueries(prefix string) (*operatorQueries, error) {
 		listTickets:   r.Replace(qListTickets),
 		listTicketsOf: r.Replace(qListTicketsOf),
 		forceRelease:  r.Replace(qForceRelease),
+		isBell:        r.Replace(qIsBell),
 	}, nil
 }

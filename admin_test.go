@@ -376,3 +376,79 @@ func TestAdminMisuse(t *testing.T) {
 		t.Errorf("ForceRelease on missing tables: got nil; want an error")
 	}
 }
+
+// TestForceReleaseLeavesTheHoldersOtherUnlock: ForceRelease of one lock,
+// which kills the holder's doorbell connection to wake that lock's waiters,
+// while the holder releases another of its locks on that connection (the
+// release rings in its own statement there): that Unlock must still free
+// its lock and return nil. The other lock's row is kept locked by a
+// transaction of the test, so that the release is still running on the
+// doorbell's connection when ForceRelease kills it.
+func TestForceReleaseLeavesTheHoldersOtherUnlock(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	holder, waiter, other := sessionOn(t, db), sessionOn(t, db), sessionOn(t, db)
+	forced, kept := lockName(t)+"/forced", lockName(t)+"/kept"
+	mf, mk := dsync.NewMutex(holder, forced), dsync.NewMutex(holder, kept)
+	if err := mf.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := mk.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	bell := awaitBellOf(t, db, holder.ID())
+	got := lockInBackground(t, dsync.NewMutex(waiter, forced))
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var wanted bool
+		if err := db.QueryRow("SELECT wanted_until > UTC_TIMESTAMP(6) FROM dsync_lock WHERE name = ?", forced).Scan(&wanted); err != nil {
+			t.Fatal(err)
+		}
+		if wanted {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the waiter never said it waits")
+		}
+	}
+
+	tx, err := db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("SELECT name FROM dsync_lock WHERE name = ? FOR UPDATE", kept); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- mk.Unlock(bg) }()
+	// The fault: the release runs on the doorbell's connection, waiting
+	// for the row, when ForceRelease kills that connection.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var running int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND COMMAND = 'Execute'", bell).Scan(&running); err != nil {
+			t.Fatal(err)
+		}
+		if running == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the release of the kept lock never ran on the doorbell's connection")
+		}
+	}
+	if ok, err := dsync.ForceRelease(bg, db, "dsync_", forced); !ok || err != nil {
+		t.Fatalf("ForceRelease: got %v, %v; want true, nil", ok, err)
+	}
+	awaitGone(t, db, bell)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Errorf("Unlock of the kept lock while ForceRelease killed the connection it ran on: got %v; want nil", err)
+	}
+	if at := <-got; at.IsZero() {
+		t.Error("the waiter of the forced lock never got it")
+	}
+	if ok, err := dsync.NewMutex(other, kept).TryLock(bg); !ok || err != nil {
+		t.Errorf("TryLock of the kept lock by another session: got %v, %v; want true, nil", ok, err)
+	}
+}

@@ -60,19 +60,36 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	// holder's doorbell (see bell.go) when sessions wait for the lock
 	// (wanted_until), else 0: ForceRelease kills that connection
 	// (qKillBell), which wakes the waiters, as the holder's release would
-	// have rung it. The first assignment reads the holder before the
-	// second frees the row (assignments run left to right).
+	// have rung it. The doorbell is the generation published in the lease
+	// row or, between a ring and its publication, the next one (a ring
+	// takes the next before it lets the published one go). The first
+	// assignment reads the holder before the second frees the row
+	// (assignments run left to right).
 	qForceRelease = `UPDATE {lock} SET token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
-    COALESCE((SELECT IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell))))
+    COALESCE((SELECT COALESCE(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))),
+                              IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))))
               FROM {lease} l WHERE l.id = {lock}.holder AND l.bell <> 0), 0), 0)),
   holder = 0
 WHERE name = ? AND holder <> 0
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))`
 
+	// qIsBell reports whether the connection with the given server id
+	// holds a session's doorbell (the published generation or the next),
+	// on the server that runs it: ForceRelease checks it right before
+	// qKillBell, on the connection that ran qForceRelease, so that it
+	// never kills a connection that is not a doorbell's (a proxy or load
+	// balancer that sent the two statements to different servers, whose
+	// connection ids mean different connections). Args: connection id
+	// twice. One row, 1 or 0.
+	qIsBell = `SELECT EXISTS (SELECT 1 FROM {lease} l WHERE l.bell <> 0
+  AND (IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))) = ?
+       OR IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) = ?))`
+
 	// qKillBell closes the connection that holds a forcibly released
 	// holder's doorbell, which lets the doorbell go and so wakes its
 	// waiters; the holder's session takes a new one when it next rings.
-	// Args: connection id (from qForceRelease). It needs the privilege to
-	// kill that connection (the same user, or CONNECTION ADMIN / SUPER).
+	// Args: connection id (from qForceRelease, checked with qIsBell). It
+	// needs the privilege to kill that connection (the same user, or
+	// CONNECTION ADMIN / SUPER).
 	qKillBell = `KILL CONNECTION ?`
 )
