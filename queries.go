@@ -483,8 +483,9 @@ WHERE name = ? AND ((holder = ? AND token = ?) OR (holder = 0 AND token = ? AND 
 	// that the transaction sees (qTxHeld) is its own write, standing, so
 	// the transaction holds the row locked. A lease id and token name one
 	// acquisition, so a row committed since (the mark, the row freed or
-	// taken anew) never matches. Args: name, lease id, token. No row: the hand-over
-	// committed, or was undone and the row freed since.
+	// taken by another acquisition) never matches. Args: name, lease id,
+	// token. No row: the hand-over committed, or was undone and the row
+	// freed since.
 	qTxHoldPending = `SELECT 1 FROM {lock} WHERE name = ? AND holder = ? AND token = ?`
 
 	// qTxLockIdle lists up to limit transaction-lock rows unused for age
