@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
+	"weak"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -43,7 +46,15 @@ import (
 // So the process's record of a hold proves nothing about the transaction:
 // a LockTx again in the same transaction asks the database (txHeld). The
 // row the transaction frees carries the hold's mark (qTxHold), which shows
-// to the transaction only while its write stands.
+// to the transaction while its write stands, and also once a COMMIT run
+// through it made the write everyone's; the committed row, read on a
+// session connection, tells the two apart (qTxHoldPending). A hold that
+// has ended never comes back: LockTx again returns ErrNotHeld, and the
+// caller rolls the transaction back. Taking the lock anew in it instead
+// would hand it a lock another holder may have had, and written under,
+// since its REPEATABLE READ snapshot was taken. The process remembers the
+// holds it took in a transaction for as long as the *sql.Tx lives
+// (txRecords), not only while the hold lasts.
 
 // LockTx acquires the lock for the caller's transaction tx: the lock is
 // held until tx commits or rolls back, so what tx writes and the lock's
@@ -78,16 +89,16 @@ import (
 //
 // LockTx again in the same tx returns nil only when tx holds the name in
 // the database at that moment (the hold is one, and ends with tx); it asks
-// the database with two statements in tx (a plain read of the lock row,
-// and, when that shows tx's hold, a locking read of it). ROLLBACK TO a
-// SAVEPOINT taken after LockTx keeps the hold. ROLLBACK TO a SAVEPOINT
-// taken before it ends the hold while tx goes on: the database lets go of tx's row locks, the session frees the
+// the database with two plain reads that lock nothing: one in tx, and one
+// on a session connection. ROLLBACK TO a SAVEPOINT taken after LockTx keeps
+// the hold. ROLLBACK TO a SAVEPOINT taken before it ends the hold while tx
+// goes on: the database lets go of tx's row locks, the session frees the
 // row in the background (at once, or within 500ms where its *sql.DB has a
 // connection limit), and another holder may take the lock while tx runs.
-// LockTx (or TryLockTx) again in tx then takes the lock anew, as a first
-// LockTx does, with a new fence, after waiting for the session to free the
-// row: that is what a caller who rolled the hold back and asks for it again
-// means.
+// LockTx (or TryLockTx) again in tx then returns an error wrapping
+// [ErrNotHeld], however long after, as it does after a COMMIT run through
+// tx: a hold that has ended never comes back. Roll tx back and start a new
+// transaction.
 //
 // A LockTx hold counts in the session's [Stats] as a Lock does ([Session.Stats]),
 // has a fence ([Mutex.Fence], until the process learns that tx ended), and
@@ -100,10 +111,9 @@ import (
 // must still be in its transaction: after a COMMIT (or an implicitly
 // committing statement) run through it, LockTx returns [ErrNotHeld]. It
 // checks that with MariaDB's @@in_transaction; on MySQL it returns an
-// error wrapping [errors.ErrUnsupported]. If tx's connection has begun
-// another transaction since (a BEGIN run through tx, or autocommit off),
-// LockTx holds the name for that one, or returns [ErrNotHeld] when another
-// holder has taken it since the COMMIT.
+// error wrapping [errors.ErrUnsupported]. After a COMMIT and a BEGIN run
+// through tx, LockTx of a name tx held before the COMMIT returns
+// [ErrNotHeld] too.
 //
 // On a Galera cluster LockTx returns an error wrapping
 // [errors.ErrUnsupported]: row locks are per node there, so a transaction
@@ -119,10 +129,9 @@ func (m *Mutex) LockTx(ctx context.Context, tx *sql.Tx) error {
 // does, without waiting. It returns true, nil when acquired; false, nil
 // when another holder has it; and false with an error as LockTx does
 // otherwise. Again in the same tx it returns true only when tx holds the
-// name in the database at that moment; after ROLLBACK TO a SAVEPOINT taken
-// before the hold it waits for the session to free the row the rollback
-// gave back to it, then makes its one attempt (see LockTx). After false,
-// roll tx back (on a server that rolls back transactions on lock wait
+// name in the database at that moment, and false with an error wrapping
+// [ErrNotHeld] when the hold has ended while tx went on (see LockTx). After
+// false, roll tx back (on a server that rolls back transactions on lock wait
 // timeouts, innodb_rollback_on_timeout, the database has done so already).
 func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 	return m.lockTx(ctx, tx, false)
@@ -157,12 +166,11 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	l := m.s.locks.ref(m.name)
-	again, held, err := m.txHeld(ctx, tx, q, l)
-	if held || err != nil {
-		m.s.locks.unref(m.name)
-		return held, err
+	if rec, again := txRecordOf(m.s, tx, m.name); again {
+		err := m.txHeld(ctx, tx, q, rec)
+		return err == nil, err
 	}
+	l := m.s.locks.ref(m.name)
 	// 1. The transaction-lock row, before any wait in the process: two
 	// transactions of this process that lock names in opposite orders must
 	// meet in the database, which sees the deadlock. It is created outside
@@ -174,18 +182,6 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	if got, err := m.txLock(ctx, tx, q, wait); !got || err != nil {
 		m.s.locks.unref(m.name)
 		return false, err
-	}
-	if again {
-		// The hold this process recorded for tx has ended in the database
-		// (tx rolled back to a savepoint taken before it): the session
-		// frees the row, which the rollback gave back to it, and ends the
-		// hold in the process (awaitTxEnd) at once, tx no longer holding
-		// the row locked. Wait for that, then take the lock anew.
-		if _, err := m.s.enter(ctx, l, true); err != nil {
-			m.s.locks.unref(m.name)
-			return false, err
-		}
-		l.leave()
 	}
 	owner := ownerOf(ctx)
 	l.mu.Lock()
@@ -241,51 +237,77 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		m.s.locks.unref(m.name)
 		return false, ErrSessionClosed
 	}
+	rememberTx(m.s, tx, m.name, txRecord{token: token, fence: fence})
 	m.s.armBell()
 	return true, nil // the reference from ref now belongs to the hold
 }
 
 // txHeld asks the database whether tx holds the name now through the hold
-// this process recorded for it in l (again: there is one). The record
-// alone proves nothing: the hold ends while tx goes on after ROLLBACK TO a
-// SAVEPOINT taken before it (the database lets go of the row locks taken
-// since), or a COMMIT run through tx. Two statements in tx: a plain read of
-// the lock row as tx sees it (qTxHeld), which locks nothing whatever the
-// row's state; and, when it shows the hold's mark, a locking read that
-// confirms the mark on the row's latest version (qTxHeldLock), because a
-// mark committed by a COMMIT run through tx also shows to a later
-// transaction of tx's connection. It returns ErrNotHeld when tx is in no
-// transaction, or committed the hold; held false and no error when the
-// hold was rolled back: the caller takes the lock anew.
-func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, l *localLock) (again, held bool, err error) {
-	l.mu.Lock()
-	again = l.held && l.tx == tx
-	token, fence := l.token, l.fence
-	l.mu.Unlock()
-	if !again {
-		return false, false, nil
-	}
+// rec that this process took in it. The record alone proves nothing: the
+// hold ends while tx goes on after ROLLBACK TO a SAVEPOINT taken before it
+// (the database lets go of the row locks taken since), or a COMMIT run
+// through tx. Two plain reads, which lock nothing whatever the row's
+// state: the lock row as tx sees it (qTxHeld), and, when that shows the
+// hold's mark, the committed row on a session connection
+// (qTxHoldPending), because a mark committed by a COMMIT run through tx
+// also shows to a later transaction of tx's connection. It returns nil
+// when tx holds the name, and an error wrapping ErrNotHeld when the hold
+// has ended.
+func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txRecord) error {
 	var marked, inTx bool
-	err = tx.QueryRowContext(ctx, q.held, -token, fence, m.name).Scan(&marked, &inTx)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return true, false, nil
-	case err != nil:
-		return true, false, err
-	case !inTx:
-		return true, false, fmt.Errorf("%w: tx is in no transaction (a COMMIT or ROLLBACK ran through it), and its hold has ended", ErrNotHeld)
-	case !marked:
-		return true, false, nil // rolled back
+	err := tx.QueryRowContext(ctx, q.held, -rec.token, rec.fence, m.name).Scan(&marked, &inTx)
+	if err == nil && marked && inTx {
+		var one int
+		err = m.s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+			return m.s.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, rec.token}, &one)
+		})
+		if err == nil {
+			return nil
+		}
 	}
-	var one int
-	err = tx.QueryRowContext(ctx, q.heldLock, m.name, -token, fence).Scan(&one)
-	switch {
-	case err == nil:
-		return true, true, nil
-	case errors.Is(err, sql.ErrNoRows) || isErrNo(err, 1205, 3572):
-		return true, false, fmt.Errorf("%w: a COMMIT ran through tx, which ended its hold, and the lock has been taken since", ErrNotHeld)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
 	}
-	return true, false, err
+	return fmt.Errorf("%w: the hold of tx ended while tx went on (ROLLBACK TO SAVEPOINT taken before LockTx, or COMMIT through tx): roll tx back and start a new transaction", ErrNotHeld)
+}
+
+// txRecord is what the process remembers of a LockTx hold it took: the
+// hold's acquisition token and fence, which its mark carries (qTxHold).
+type txRecord struct{ token, fence int64 }
+
+// txKey names the holds of one name that one session took in one
+// transaction. Its pointers are weak: a record keeps neither the session
+// nor the transaction alive.
+type txKey struct {
+	s    weak.Pointer[Session]
+	tx   weak.Pointer[sql.Tx]
+	name string
+}
+
+// txRecords holds the txRecord of every LockTx hold taken in this process,
+// by txKey, for as long as its *sql.Tx lives (a cleanup deletes it once
+// the garbage collector frees the *sql.Tx), not only while the hold lasts:
+// a LockTx again in the transaction must learn that its hold has ended
+// however long ago that was, and the process cannot see when a *sql.Tx is
+// done with.
+var txRecords sync.Map
+
+// rememberTx records the hold rec of name that s took in tx.
+func rememberTx(s *Session, tx *sql.Tx, name string, rec txRecord) {
+	k := txKey{s: weak.Make(s), tx: weak.Make(tx), name: name}
+	if _, loaded := txRecords.Swap(k, rec); !loaded {
+		runtime.AddCleanup(tx, func(k txKey) { txRecords.Delete(k) }, k)
+	}
+}
+
+// txRecordOf returns the record of the hold of name that s took in tx, if
+// any.
+func txRecordOf(s *Session, tx *sql.Tx, name string) (txRecord, bool) {
+	v, ok := txRecords.Load(txKey{s: weak.Make(s), tx: weak.Make(tx), name: name})
+	if !ok {
+		return txRecord{}, false
+	}
+	return v.(txRecord), true
 }
 
 // txLock locks the name's transaction-lock row in tx (qTxLock): at once or

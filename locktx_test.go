@@ -828,39 +828,65 @@ func takeTxHolds(t *testing.T, iso sql.IsolationLevel, maxOpen, n int, savepoint
 	return holds
 }
 
+// lockTxAgainEnded runs LockTx (or, when try is set, TryLockTx) again in
+// the transaction of h, whose hold has ended while it went on (what), and
+// fails the test unless it returns ErrNotHeld (and false). When it returns
+// nil, it reports whether another session's TryLock then succeeds: two
+// holders.
+func lockTxAgainEnded(t *testing.T, i int, h txHold, try bool, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	call, ok, err := "LockTx", false, error(nil)
+	if try {
+		call = "TryLockTx"
+		ok, err = h.m.TryLockTx(ctx, h.tx)
+	} else {
+		err = h.m.LockTx(ctx, h.tx)
+		ok = err == nil
+	}
+	if ok || err == nil {
+		rival, rerr := h.rival.TryLock(ctx)
+		t.Fatalf("hold %d: %s %s: got %v, %v (another session's TryLock: %v, %v); want false, ErrNotHeld", i, call, what, ok, err, rival, rerr)
+	}
+	if !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("hold %d: %s %s: got %v; want ErrNotHeld", i, call, what, err)
+	}
+}
+
+// takeEndedHold takes the lock of h through another session, proving that
+// the hold of h has ended, then makes sure LockTx again in its transaction
+// still returns ErrNotHeld (it does not wait for that holder), and unlocks.
+func takeEndedHold(t *testing.T, i int, h txHold) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.rival.Lock(ctx); err != nil {
+		t.Fatalf("hold %d: another session's Lock after the hold ended: got %v; want nil", i, err)
+	}
+	lockTxAgainEnded(t, i, h, i%2 == 1, "while another session holds the lock")
+	if err := h.rival.Unlock(ctx); err != nil {
+		t.Fatalf("hold %d: Unlock of another session: got %v; want nil", i, err)
+	}
+}
+
 // TestLockTxAgainAfterRollbackToSavepoint: ROLLBACK TO SAVEPOINT taken
 // before LockTx lets go of the hold's row locks while tx goes on. LockTx or
-// TryLockTx again in tx must then take the lock anew: until tx ends,
-// another session's TryLock fails.
+// TryLockTx again in tx must then return ErrNotHeld, never nil: the hold
+// ended, and another session may take the lock while tx runs. It says so
+// however long after: once the session freed the row, and while another
+// session holds the lock.
 func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
 	for _, iso := range isolations {
 		for _, maxOpen := range txSessionDBs {
 			t.Run(fmt.Sprintf("%v/maxOpen=%d", iso, maxOpen), func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
 				holds := takeTxHolds(t, iso, maxOpen, txRoundsFor(maxOpen), true)
 				for i, h := range holds {
 					txExec(t, h.tx, "ROLLBACK TO SAVEPOINT a")
-					if i%2 == 0 {
-						if err := h.m.LockTx(ctx, h.tx); err != nil {
-							t.Fatalf("hold %d: LockTx after ROLLBACK TO SAVEPOINT: got %v; want nil", i, err)
-						}
-					} else if ok, err := h.m.TryLockTx(ctx, h.tx); !ok || err != nil {
-						t.Fatalf("hold %d: TryLockTx after ROLLBACK TO SAVEPOINT: got %v, %v; want true, nil", i, ok, err)
-					}
-					if h.m.Fence() <= 0 {
-						t.Fatalf("hold %d: Fence of the hold taken again: got %d; want > 0", i, h.m.Fence())
-					}
-				}
-				if maxOpen > 0 {
-					// By now s1 has freed the rows the rollbacks gave back
-					// to it (at once where it has no connection limit).
-					time.Sleep(600 * time.Millisecond)
+					lockTxAgainEnded(t, i, h, i%2 == 1, "after ROLLBACK TO SAVEPOINT")
 				}
 				for i, h := range holds {
-					if ok, err := h.rival.TryLock(ctx); ok || err != nil {
-						t.Fatalf("hold %d: another session's TryLock while tx holds the lock again: got %v, %v; want false, nil", i, ok, err)
-					}
+					takeEndedHold(t, i, h)
 					if err := h.tx.Commit(); err != nil {
 						t.Fatal(err)
 					}
@@ -870,17 +896,14 @@ func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
 	}
 }
 
-// TestLockTxAfterCommitThroughTx: a COMMIT run through tx ends its hold, and
-// tx's connection is in no transaction: LockTx again returns ErrNotHeld,
-// never nil. After a BEGIN run through tx too, LockTx either holds the lock
-// for the new transaction (another session's TryLock fails) or returns
-// ErrNotHeld.
+// TestLockTxAfterCommitThroughTx: a COMMIT run through tx ends its hold:
+// LockTx again returns ErrNotHeld, never nil, whether tx's connection is
+// then in no transaction or has begun another one (a BEGIN run through
+// tx), and whether or not the session has seen the hold end by then.
 func TestLockTxAfterCommitThroughTx(t *testing.T) {
 	for _, begin := range []bool{false, true} {
 		for _, maxOpen := range txSessionDBs {
 			t.Run(fmt.Sprintf("begin=%v/maxOpen=%d", begin, maxOpen), func(t *testing.T) {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
 				for i, h := range takeTxHolds(t, sql.LevelRepeatableRead, maxOpen, txRoundsFor(maxOpen), false) {
 					txExec(t, h.tx, "COMMIT")
 					var inTx bool
@@ -890,18 +913,8 @@ func TestLockTxAfterCommitThroughTx(t *testing.T) {
 					if begin {
 						txExec(t, h.tx, "BEGIN")
 					}
-					err := h.m.LockTx(ctx, h.tx)
-					switch {
-					case err == nil && !begin:
-						ok, _ := h.rival.TryLock(ctx)
-						t.Fatalf("hold %d: LockTx with tx in no transaction: got nil (another session's TryLock: %v); want ErrNotHeld", i, ok)
-					case err == nil:
-						if ok, err := h.rival.TryLock(ctx); ok || err != nil {
-							t.Fatalf("hold %d: LockTx after COMMIT and BEGIN through tx returned nil, and another session's TryLock got %v, %v; want false, nil", i, ok, err)
-						}
-					case !errors.Is(err, dsync.ErrNotHeld):
-						t.Fatalf("hold %d: LockTx after COMMIT through tx: got %v; want ErrNotHeld", i, err)
-					}
+					lockTxAgainEnded(t, i, h, false, "after COMMIT through tx")
+					takeEndedHold(t, i, h)
 					h.tx.Rollback()
 				}
 			})
@@ -948,9 +961,8 @@ func TestLockTxKeptByRollbackToALaterSavepoint(t *testing.T) {
 // TestLockTxEndedByRollbackToSavepoint: after ROLLBACK TO SAVEPOINT taken
 // before LockTx, and no LockTx again, the hold is over while tx goes on:
 // another session gets the lock, and the first session's process neither
-// thinks it holds the lock (its TryLockTx in tx fails while the other
-// holds it) nor keeps it: Lock in that process works, while tx runs and
-// after.
+// thinks it holds the lock (its TryLockTx in tx returns ErrNotHeld) nor
+// keeps it: Lock in that process works, while tx runs and after.
 func TestLockTxEndedByRollbackToSavepoint(t *testing.T) {
 	for _, maxOpen := range txSessionDBs {
 		t.Run(fmt.Sprintf("maxOpen=%d", maxOpen), func(t *testing.T) {
@@ -971,8 +983,8 @@ func TestLockTxEndedByRollbackToSavepoint(t *testing.T) {
 			if err := m2.Lock(ctx); err != nil {
 				t.Fatalf("another session's Lock after ROLLBACK TO SAVEPOINT: got %v; want nil", err)
 			}
-			if ok, err := m1.TryLockTx(ctx, tx); ok || err != nil {
-				t.Fatalf("TryLockTx in tx while another session holds the lock: got %v, %v; want false, nil", ok, err)
+			if ok, err := m1.TryLockTx(ctx, tx); ok || !errors.Is(err, dsync.ErrNotHeld) {
+				t.Fatalf("TryLockTx in tx while another session holds the lock: got %v, %v; want false, ErrNotHeld", ok, err)
 			}
 			if err := m2.Unlock(ctx); err != nil {
 				t.Fatal(err)

@@ -438,20 +438,9 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// transaction's own write shows until it is rolled back (ROLLBACK TO a
 	// SAVEPOINT taken before the hold undoes it); the mark also shows when
 	// the hold's transaction committed and the connection has begun
-	// another one (then qTxHeldLock decides). Args: -token, fence, name.
+	// another one (then qTxHoldPending decides). Args: -token, fence, name.
 	// No row: no hold.
 	qTxHeld = `SELECT holder = 0 AND token = ? AND fence = ?, @@in_transaction FROM {lock} WHERE name = ?`
-
-	// qTxHeldLock locks the lock row in the transaction, without waiting,
-	// if its latest version (or the transaction's own) carries the hold's
-	// mark: after qTxHeld saw the mark, a row returned means the
-	// transaction holds the row locked, free with the hold's fence, which
-	// nobody has taken since. Run only after qTxHeld saw the mark: at
-	// REPEATABLE READ a locking read keeps the row locked even when it
-	// does not match. Args: name, -token, fence. No row, or 1205 (MariaDB)
-	// or 3572 (MySQL): the hold's transaction committed, and the lock is
-	// not the transaction's.
-	qTxHeldLock = `SELECT 1 FROM {lock} WHERE name = ? AND holder = 0 AND token = ? AND fence = ? FOR UPDATE NOWAIT`
 
 	// qTxRollbackOnTimeout reads, in the caller's transaction after a lock
 	// wait timeout, whether that timeout rolled back the whole transaction
@@ -481,11 +470,23 @@ SELECT ?, UTC_TIMESTAMP(6) FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {txlock} WH
 	// session held it: lease id, token) it frees the row; after a commit
 	// (the row is free, with the hold's mark: see qTxHold) it clears the
 	// mark, so that a statement of a later transaction of the same
-	// connection cannot take a committed mark for a hold (qTxHeld). Args:
+	// connection finds no mark of a hold that has ended (qTxHeld). Args:
 	// name, lease id, token, -token, fence. RowsAffected 0: the row was
 	// taken since (a lease that ended, or a commit and another holder).
 	qTxHoldEnd = `UPDATE {lock} SET holder = 0, token = 0
 WHERE name = ? AND ((holder = ? AND token = ?) OR (holder = 0 AND token = ? AND fence = ?))`
+
+	// qTxHoldPending reads, on a session connection (a plain read at READ
+	// COMMITTED: it never waits), whether the committed lock row is still
+	// as the session held it before it handed the row to a transaction
+	// (qTxHold): then the hand-over has not committed, and the hold's mark
+	// that the transaction sees (qTxHeld) is its own write, standing, so
+	// the transaction holds the row locked. A lease id and token name one
+	// acquisition, so a row committed since (the mark, the row freed or
+	// taken by another acquisition) never matches. Args: name, lease id,
+	// token. No row: the hand-over committed, or was undone and the row
+	// freed since.
+	qTxHoldPending = `SELECT 1 FROM {lock} WHERE name = ? AND holder = ? AND token = ?`
 
 	// qTxLockIdle lists up to limit transaction-lock rows unused for age
 	// microseconds, for the sweep (a plain read: no locks). Args: age,
@@ -1040,6 +1041,7 @@ const (
 	sTxLockSweepDeleteNoWait
 	sTxHoldEnd
 	sTxHoldEndNoWait
+	sTxHoldPending
 	sLockKind
 	sQueueBind
 	numStmts
@@ -1124,6 +1126,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTxLockSweepDeleteNoWait] = noWaitSQL + r.Replace(qTxLockSweepDelete)
 	q.prepared[sTxHoldEnd] = r.Replace(qTxHoldEnd)
 	q.prepared[sTxHoldEndNoWait] = noWaitSQL + r.Replace(qTxHoldEnd)
+	q.prepared[sTxHoldPending] = r.Replace(qTxHoldPending)
 	q.prepared[sLockKind] = r.Replace(qLockKind)
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	return q
@@ -1135,7 +1138,7 @@ func newQueries(prefix string) *queries {
 // transaction's connection has selected.
 type txQueries struct {
 	lock, lockNoWait, hold string
-	held, heldLock         string // qTxHeld, qTxHeldLock
+	held                   string // qTxHeld
 	rollbackOnTimeout      bool   // as read when they were made (see qTxSession)
 }
 
@@ -1143,5 +1146,5 @@ func newTxQueries(database, prefix string) *txQueries {
 	db := "`" + strings.ReplaceAll(database, "`", "``") + "`."
 	r := strings.NewReplacer("{lock}", db+"`"+prefix+"lock`", "{txlock}", db+"`"+prefix+"txlock`")
 	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(qTxHold),
-		held: r.Replace(qTxHeld), heldLock: r.Replace(qTxHeldLock)}
+		held: r.Replace(qTxHeld)}
 }
