@@ -380,8 +380,9 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 const groupPoll = 100 * time.Millisecond
 
 // stopCommand ends the command's process group, whose lease is at risk or
-// lost (waited is nil when the command itself has already been reaped): SIGTERM now, and SIGKILL --grace later, but no later than the
-// lease's deadline or the end of the session (at once when that has come).
+// lost (waited is nil when the command itself has already been reaped):
+// SIGTERM now, and SIGKILL --grace later, but no later than the lease's
+// deadline or the end of the session (at once when that has come).
 // It returns once the command has been reaped and its group is empty,
 // which SIGKILL at the deadline leaves TTL/5 for: the server keeps the
 // lease at least that much longer, so nobody else can hold the lock yet.
