@@ -202,6 +202,16 @@ func waitFile(t *testing.T, path string) string {
 	}
 }
 
+// readLines returns the lines of the file at path.
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
 // waitFor polls cond every 10ms until it holds, for at most limit.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()

@@ -84,28 +84,75 @@ func signalChild(pid int, sig syscall.Signal) {
 
 // adoptOrphans makes dsync the child subreaper of the processes the
 // command starts (PR_SET_CHILD_SUBREAPER): those whose parent dies become
-// dsync's children rather than init's, so that after the command's group
-// got SIGKILL dsync can reap them all (reapGroup) and know the group is
-// empty (groupGone), whatever init does with its orphans.
+// dsync's children rather than init's, so that dsync can reap them
+// (reapOrphans) and know when the command's process group is empty
+// (groupGone), whatever init does with its orphans.
 func adoptOrphans() {
 	const prSetChildSubreaper = 36 // <linux/prctl.h>
 	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
 }
 
-// reapGroup reaps the processes of the command's process group pgid that
-// have ended and are dsync's children (see adoptOrphans). Call it only
-// once the command itself has been reaped by waitChild, which it would
-// otherwise race.
-func reapGroup(pgid int) {
+// notifyChildExits returns a channel that receives SIGCHLD, which dsync
+// gets when one of its children (the command, or an orphan it adopted)
+// ends, and the function that stops the notification.
+func notifyChildExits() (<-chan os.Signal, func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCHLD)
+	return ch, func() { signal.Stop(ch) }
+}
+
+// reapOrphans reaps the children of dsync that have ended, other than
+// the command (pid): the orphans it adopted (see adoptOrphans), in its
+// process group or not. Until the command has been reaped (cmdReaped),
+// waitChild waits for it and must be the one to reap it: reapOrphans then
+// peeks at the ended children (waitid with WNOWAIT) and reaps only those
+// that are not the command, each by its pid; it stops at the command,
+// which waitChild reaps next. Once the command has been reaped, every
+// child of dsync is an adopted orphan, and reapOrphans reaps them all.
+func reapOrphans(pid int, cmdReaped bool) {
 	for {
+		child := -1
+		if !cmdReaped {
+			child = endedChild()
+			if child <= 0 || child == pid {
+				return
+			}
+		}
 		var ws syscall.WaitStatus
-		wpid, err := syscall.Wait4(-pgid, &ws, syscall.WNOHANG, nil)
+		wpid, err := syscall.Wait4(child, &ws, syscall.WNOHANG, nil)
 		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil || wpid <= 0 {
 			return
 		}
+	}
+}
+
+// endedChild returns the pid of a child of dsync that has ended and is
+// not reaped yet, without reaping it (waitid(P_ALL, WEXITED|WNOHANG|
+// WNOWAIT)), or 0 when there is none.
+func endedChild() int {
+	const (
+		pAll    = 0         // idtype_t P_ALL
+		wExited = 4         // WEXITED
+		wNowait = 0x1000000 // WNOWAIT
+	)
+	// A siginfo_t: 128 bytes, si_pid after three ints (si_signo, si_errno,
+	// si_code), aligned as a pointer. Zeroed: WNOHANG leaves si_pid 0 when
+	// no child has ended.
+	var info [128 / 8]uint64
+	pidOffset := (3*4 + unsafe.Sizeof(uintptr(0)) - 1) &^ (unsafe.Sizeof(uintptr(0)) - 1)
+	for {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, pAll, 0, uintptr(unsafe.Pointer(&info)),
+			wExited|syscall.WNOHANG|wNowait, 0, 0)
+		if e == syscall.EINTR {
+			continue
+		}
+		if e != 0 {
+			return 0
+		}
+		return int(*(*int32)(unsafe.Add(unsafe.Pointer(&info), pidOffset)))
 	}
 }
 

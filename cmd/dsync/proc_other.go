@@ -34,7 +34,10 @@ func continueChild(pid int) {}
 
 func adoptOrphans() {}
 
-func reapGroup(pgid int) {}
+func reapOrphans(pid int, cmdReaped bool) {}
+
+// notifyChildExits returns a nil channel: dsync adopts no orphans here.
+func notifyChildExits() (<-chan os.Signal, func()) { return nil, func() {} }
 
 // groupGone reports true: the command has no process group of its own, and
 // has been reaped when this is called.

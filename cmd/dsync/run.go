@@ -272,7 +272,8 @@ func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
 
 // runCommand runs the command while the lock is held and returns its exit
 // status, and whether the lease was lost meanwhile (the status is then
-// exitLeaseLost).
+// exitLeaseLost). It returns once the command's process group is empty
+// (see watchCommand).
 func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, lost bool) {
 	cmd := exec.Command(c.argv[0], c.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -306,7 +307,7 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 	waited := make(chan int, 1)
 	leaseHolds := func() bool { return s.Err() == nil && time.Until(s.Deadline()) > c.grace }
 	go func() { waited <- waitChild(cmd, fg, leaseHolds) }()
-	code, lost = c.watchCommand(s, pid, waited)
+	code, lost = c.watchCommand(s, pid, fg, waited)
 	r.exited()
 	if !lost && errors.Is(s.Err(), dsync.ErrSessionExpired) {
 		// Lost as the command ended (the keep-alive had not noticed yet):
@@ -321,12 +322,28 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 }
 
 // watchCommand waits for the command (pid; its status comes on waited)
-// to end while the lease holds, and returns its status. When the lease
-// is at risk first (its deadline is --grace away, no renewal having moved
-// it) or lost, it stops the command (see stopCommand) and returns
-// exitLeaseLost and true.
-func (c *runConfig) watchCommand(s *dsync.Session, pid int, waited <-chan int) (code int, stopped bool) {
+// to end, and then for its process group to be empty, while the lease
+// holds, and returns the command's status: what the command left running
+// in its group (a job started with &, a trap still running) runs under
+// the lock too, and the lock is released only when the last of them has
+// ended, as flock(1)'s is when the last process holding its descriptor
+// has. Signals relayed to the command keep going to its group meanwhile.
+// Ended children of dsync (the orphans it adopted, see adoptOrphans) are
+// reaped as they end. With the terminal (fg), dsync takes it back when
+// the command ends, as a shell does, so that Ctrl-C reaches dsync and is
+// relayed to the group. When the lease is at risk first (its deadline is
+// --grace away, no renewal having moved it) or lost, it stops the group
+// (see stopCommand) and returns exitLeaseLost and true.
+func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-chan int) (code int, stopped bool) {
+	exits, stop := notifyChildExits()
+	defer stop()
+	var poll <-chan time.Time // ticks once the command has been reaped
 	for {
+		// waited is nil once the command has been reaped.
+		reapOrphans(pid, waited == nil)
+		if waited == nil && groupGone(pid) {
+			return code, false
+		}
 		left := time.Until(s.Deadline())
 		if left <= c.grace {
 			break
@@ -336,20 +353,36 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, waited <-chan int) (
 		t := time.NewTimer(left - c.grace)
 		select {
 		case code = <-waited:
-			t.Stop()
-			return code, false
+			waited = nil
+			if fg {
+				takeTerminalBack()
+			}
+			// A member of the group whose parent is outside it and not
+			// dsync ends without a SIGCHLD to dsync: poll for those.
+			tick := time.NewTicker(groupPoll)
+			defer tick.Stop()
+			poll = tick.C
+		case <-exits:
+		case <-poll:
 		case <-s.Done():
 			t.Stop()
 			return c.stopCommand(s, pid, waited), true
 		case <-t.C:
 		}
+		t.Stop()
 	}
 	return c.stopCommand(s, pid, waited), true
 }
 
+// groupPoll is how often watchCommand looks whether the command's process
+// group is empty, once the command has ended, besides each SIGCHLD: the
+// lock stays held meanwhile, so a slow look only delays its release.
+const groupPoll = 100 * time.Millisecond
+
 // stopCommand ends the command's process group, whose lease is at risk or
-// lost: SIGTERM now, and SIGKILL --grace later, but no later than the
-// lease's deadline or the end of the session (at once when that has come).
+// lost (waited is nil when the command itself has already been reaped):
+// SIGTERM now, and SIGKILL --grace later, but no later than the lease's
+// deadline or the end of the session (at once when that has come).
 // It returns once the command has been reaped and its group is empty,
 // which SIGKILL at the deadline leaves TTL/5 for: the server keeps the
 // lease at least that much longer, so nobody else can hold the lock yet.
@@ -381,7 +414,7 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) in
 		signalChild(pid, syscall.SIGTERM)
 		continueChild(pid) // in case it is stopped
 	}
-	reaped := false
+	reaped := waited == nil
 	done := s.Done() // nil once the command got SIGKILL
 	if killed {
 		done = nil
@@ -391,8 +424,8 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) in
 	for {
 		if reaped {
 			// Members of the group left behind by the command are
-			// dsync's children now (see reapGroup).
-			reapGroup(pid)
+			// dsync's children now (see reapOrphans).
+			reapOrphans(pid, true)
 			if groupGone(pid) {
 				return exitLeaseLost
 			}

@@ -262,49 +262,58 @@ func newFaultProxy(t *testing.T) (*faultproxy.Proxy, string) {
 // command and the command's process group are dead before the lock can
 // pass to another holder, whatever the command does with SIGTERM. The
 // first dsync (TTL 2s, default --grace) runs a command whose SIGTERM trap
-// takes 4s; a second dsync waits for the same lock; a proxy cuts the
-// first's network. The second's command, once it runs, records whether
-// any process of the first's group still exists; the first's trap records
-// when it got SIGTERM and whether it finished.
+// takes 4s, or one that leaves such a process running in its group as it
+// exits 0 (which holds the lock too, see TestLockHeldUntilGroupEnds); a
+// second dsync waits for the same lock; a proxy cuts the first's network.
+// The second's command, once it runs, records whether any process of the
+// first's group still exists; the trap records when it got SIGTERM and
+// whether it finished.
 func TestCommandDeadBeforeNextHolder(t *testing.T) {
-	p, dsn := newFaultProxy(t)
-	dir := t.TempDir()
-	ready, log := filepath.Join(dir, "ready"), filepath.Join(dir, "log")
-	name := lockName(t)
-	first := startDsync(t, args([]string{"run", "--dsn", dsn, "--ttl", "2s", name, "--"},
-		script(`trap 'echo term >> LOG; sleep 4; echo late >> LOG; exit 0' TERM; echo $$ > READY; while :; do sleep 0.05; done`,
-			"READY", ready, "LOG", log))...)
-	pgid, err := strconv.Atoi(strings.TrimSpace(waitFile(t, ready)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	second := startDsync(t, args([]string{"run", name, "--"},
-		script(`if kill -0 -PGID 2>/dev/null; then echo 'start: the first group lives' >> LOG; else echo start >> LOG; fi`,
-			"PGID", strconv.Itoa(pgid), "LOG", log))...)
-	before := p.Stats()
-	p.Cut(true)
-	r1, r2 := first.wait(t), second.wait(t)
-	if p.Stats().Dropped == before.Dropped {
-		t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
-	}
-	t.Logf("first dsync: exited %v after it started: %q", r1.took, r1.stderr)
-	if r1.code != exitLeaseLost || !strings.Contains(r1.stderr, "lost") {
-		t.Fatalf("first dsync: got status %d, stderr %q; want %d and the lease lost", r1.code, r1.stderr, exitLeaseLost)
-	}
-	if r2.code != 0 {
-		t.Fatalf("second dsync: got status %d; want 0, its command run (stderr %q)", r2.code, r2.stderr)
-	}
-	b, err := os.ReadFile(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// term: the first command got SIGTERM; start: the second command ran
-	// with the first's group gone; never late (the trap outlived the lease).
-	if got := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Equal(got, []string{"term", "start"}) {
-		t.Errorf("log: got %q; want [term start]: SIGTERM, then the next holder with every process of the first command dead", got)
-	}
-	if err := syscall.Kill(-pgid, 0); !errors.Is(err, syscall.ESRCH) {
-		t.Errorf("the first command's group (%d) after both dsyncs exited: got %v; want it gone (ESRCH)", pgid, err)
+	const trapped = `trap 'echo term >> LOG; sleep 4; echo late >> LOG; exit 0' TERM; echo $$ > READY; while :; do sleep 0.05; done`
+	for _, tt := range []struct {
+		name   string
+		script string // writes the command's pid, its group's id, to READY
+	}{
+		{"command", trapped},
+		// $$ in the subshell is the command's pid.
+		{"background job of an ended command", `(` + trapped + `) >/dev/null 2>&1 & exit 0`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dsn := newFaultProxy(t)
+			dir := t.TempDir()
+			ready, log := filepath.Join(dir, "ready"), filepath.Join(dir, "log")
+			name := lockName(t)
+			first := startDsync(t, args([]string{"run", "--dsn", dsn, "--ttl", "2s", name, "--"},
+				script(tt.script, "READY", ready, "LOG", log))...)
+			pgid, err := strconv.Atoi(strings.TrimSpace(waitFile(t, ready)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			second := startDsync(t, args([]string{"run", name, "--"},
+				script(`if kill -0 -PGID 2>/dev/null; then echo 'start: the first group lives' >> LOG; else echo start >> LOG; fi`,
+					"PGID", strconv.Itoa(pgid), "LOG", log))...)
+			before := p.Stats()
+			p.Cut(true)
+			r1, r2 := first.wait(t), second.wait(t)
+			if p.Stats().Dropped == before.Dropped {
+				t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
+			}
+			t.Logf("first dsync: exited %v after it started: %q", r1.took, r1.stderr)
+			if r1.code != exitLeaseLost || !strings.Contains(r1.stderr, "lost") {
+				t.Fatalf("first dsync: got status %d, stderr %q; want %d and the lease lost", r1.code, r1.stderr, exitLeaseLost)
+			}
+			if r2.code != 0 {
+				t.Fatalf("second dsync: got status %d; want 0, its command run (stderr %q)", r2.code, r2.stderr)
+			}
+			// term: the first command got SIGTERM; start: the second command ran
+			// with the first's group gone; never late (the trap outlived the lease).
+			if got := readLines(t, log); !slices.Equal(got, []string{"term", "start"}) {
+				t.Errorf("log: got %q; want [term start]: SIGTERM, then the next holder with every process of the first command dead", got)
+			}
+			if err := syscall.Kill(-pgid, 0); !errors.Is(err, syscall.ESRCH) {
+				t.Errorf("the first command's group (%d) after both dsyncs exited: got %v; want it gone (ESRCH)", pgid, err)
+			}
+		})
 	}
 }
 
