@@ -501,8 +501,16 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	}
 	schema := s.q.tables[0]
 	if !present[schema] && len(present) > 0 {
-		return fmt.Errorf("%w: table %s has no version record (created by a dsync before schema version %d)",
-			ErrSchemaVersion, s.q.tables[1], schemaVersion)
+		var found []string
+		for _, table := range s.q.tables[1:] {
+			if present[table] {
+				found = append(found, table)
+			}
+		}
+		// With the empty prefix, another application's table called lock
+		// or queue gets here as well as an old dsync's tables.
+		return fmt.Errorf("%w: found %s but no version table %s: tables of a dsync before schema version %d, or another application's (give dsync a table prefix of its own: WithTablePrefix)",
+			ErrSchemaVersion, strings.Join(found, ", "), schema, schemaVersion)
 	}
 	if present[schema] && len(present) < len(s.q.tables) {
 		var version int
