@@ -770,7 +770,20 @@ func (s *Session) lose(cause error) {
 		s.stop()
 		s.lease.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
+		s.closeTxConns()
 		s.release.Do(func() { releasePool(s.db, s.q) })
+	}
+}
+
+// closeTxConns closes the idle connections of ended LockTx holds. Once the
+// session has stopped, awaitTxEnd keeps no more of them.
+func (s *Session) closeTxConns() {
+	s.mu.Lock()
+	idle := s.txConns
+	s.txConns = nil
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
 	}
 }
 
