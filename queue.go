@@ -703,8 +703,8 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 	return true, nil
 }
 
-// queued is what FairMutex and RWMutex have in common: a name in the
-// queued lock space of a session.
+// queued is what FairMutex and RWMutex have in common: a name of a
+// session's queued locks.
 type queued struct {
 	s    *Session
 	name string

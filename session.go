@@ -168,16 +168,20 @@ func (o *options) validate() error {
 // delays a renewal and a renewal never waits for a connection; the
 // sessions of one *sql.DB (and table prefix) share at most 3 more for lock
 // statements, and each session that has locked or waited keeps a doorbell
-// connection, and up to 8 while waiting (see the README's Connections
-// section). With a limit, the sessions of one *sql.DB share a quarter of
-// it, at least 2 and at most 4, or 1 when the limit is 2 or 3 (then
-// renewals only go first: they may wait for one lock statement); a limit
-// of 1 leaves the caller nothing, and NewSession refuses it. When there
-// are two or more, one of them, once opened, is kept warm for the
-// sessions' renewals only (lock statements open their own), and renewals
-// go first. dsync pins what its statements rely on (autocommit, isolation,
-// time zone, sql_mode) on these connections, whatever the DSN says, and so
-// never hands them back to the pool: it closes them when it is done with
+// connection, and up to 8 while waiting, kept idle for the next waits; and
+// one per [Mutex.LockTx] hold in progress, blocked until its transaction
+// ends, of which it keeps up to 4 idle for the next holds (see the
+// README's Connections section). With a limit, the sessions of one *sql.DB
+// share a quarter of it, at least 2 and at most 4, or 1 when the limit is
+// 2 or 3 (then renewals only go first: they may wait for one lock
+// statement); a limit of 1 leaves the caller nothing, and NewSession
+// refuses it. When there are two or more, one of them, once opened, is
+// kept warm for the sessions' renewals only (lock statements open their
+// own), and renewals go first. LockTx holds then take no connection of
+// their own: the session checks for their end on these. dsync pins what
+// its statements rely on (autocommit, isolation, time zone, sql_mode) on
+// these connections, whatever the DSN says, and so never hands them back
+// to the pool: it closes them when it is done with
 // them (the session, or the last session of the pool, closed or lost, or a
 // connection in an unknown state). When the server refuses a connection
 // (1040, too many connections), NewSession and the calls that need one
@@ -244,7 +248,7 @@ type orphan struct {
 	since  time.Time // when it was recorded
 }
 
-// kind returns the lock space of o, as log records name it.
+// kind returns the kind of lock of o, as log records name it.
 func (o orphan) kind() string {
 	if o.ticket {
 		return kindQueue
