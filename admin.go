@@ -53,7 +53,7 @@ const (
 // has it at the moment of reading.
 type LockInfo struct {
 	Name    string   // the lock's name
-	Kind    LockKind // which lock space and side: see LockKind
+	Kind    LockKind // which kind of lock and side: see LockKind
 	Holder  string   // the label of the holder's session (see WithLabel)
 	Session int64    // the holder's lease id (see Session.ID)
 	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none
@@ -91,10 +91,11 @@ func ListLocks(ctx context.Context, db *sql.DB, prefix string) ([]LockInfo, erro
 	return listLocks(ctx, db, prefix, "", false)
 }
 
-// LockHolders returns the holds of the locks called name by live sessions,
-// as ListLocks does but reading only that name's rows: the Mutex called
-// name and the queued lock (FairMutex, RWMutex) called name, which are two
-// locks. It returns an error wrapping [ErrInvalidName] for an invalid name,
+// LockHolders returns the holds of the lock called name by live sessions,
+// as ListLocks does but reading only that name's rows. A name is one lock,
+// used by a Mutex or by the queued locks (FairMutex, RWMutex), never both
+// (see [ErrOtherKind]): the holds are a Mutex's one hold, or the queued
+// lock's writer or readers. It returns an error wrapping [ErrInvalidName] for an invalid name,
 // or as ListLocks does.
 func LockHolders(ctx context.Context, db *sql.DB, prefix, name string) ([]LockInfo, error) {
 	if err := validName(name); err != nil {

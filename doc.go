@@ -80,7 +80,7 @@
 // meaning and type:
 //
 //	lock         string         the lock name
-//	kind         string         the lock space: "mutex" (Mutex) or "queue" (FairMutex, RWMutex)
+//	kind         string         the kind of lock: "mutex" (Mutex) or "queue" (FairMutex, RWMutex); a name is one kind's
 //	op           string         the call: "lock" (Lock of any kind), "rlock" (RLock) or "locktx" (LockTx)
 //	err          error          what failed
 //	waited       time.Duration  from the call to its return

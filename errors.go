@@ -73,8 +73,11 @@ var (
 	// one lock, bound to the kind that first used it (Mutex, or the queued
 	// locks, FairMutex and RWMutex, which share one lock space) until the
 	// clean-up deletes its idle rows (see [WithFreeRowAge]). The call holds
-	// nothing and waits for nothing; the wrapped message names the kind
-	// that uses the name.
+	// nothing and does not wait for the name, not even for a transaction
+	// that holds it ([Mutex.LockTx]); only while another transaction is
+	// writing the name's row, whose kind cannot be read before it commits,
+	// a queued lock pauses as its back-off says (see [WithBackOff]). The
+	// wrapped message names the kind that uses the name.
 	ErrOtherKind = errors.New("dsync: name is used by another kind of lock")
 
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy

@@ -37,3 +37,11 @@ func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
 
 // SchemaVersion is the version of the tables this code reads and writes.
 const SchemaVersion = schemaVersion
+
+// AfterKindRead makes f run each time a queued lock has read the kind of a
+// name's lock row and is about to bind the name to the queued locks (see
+// createQueueRow), until the returned function is called.
+func AfterKindRead(f func(name string)) (restore func()) {
+	kindReadHook.Store(&f)
+	return func() { kindReadHook.Store(nil) }
+}

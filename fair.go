@@ -52,8 +52,9 @@ type FairMutex struct {
 	q queued
 }
 
-// NewFairMutex returns the fair mutex called name in s's queued lock space
-// (see [ErrOtherKind] for a name that a Mutex uses).
+// NewFairMutex returns the fair mutex called name in s's lock space, the
+// write side of the RWMutex of that name; a name that a [Mutex] uses gives
+// [ErrOtherKind].
 // Names follow the rules of [NewMutex]; with an invalid one every method
 // returns [ErrInvalidName]. NewFairMutex panics if s is nil.
 func NewFairMutex(s *Session, name string) *FairMutex {

@@ -246,3 +246,100 @@ func TestKindsUnboundBySweep(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKindsLockTxInBind has a Mutex take a fresh name and hand it to a
+// transaction (LockTx), which keeps the lock row locked, in the window
+// between a queued lock's read of the name's kind (none yet) and its bind
+// of the name. The queued lock gets ErrOtherKind at once. Before, the bind
+// waited for the transaction's row lock, innodb_lock_wait_timeout (5s) at
+// a time, ten times over, and then returned 1205: the ctx of 4s ran out.
+func TestKindsLockTxInBind(t *testing.T) {
+	bg := context.Background()
+	db1, db2 := dbtest.Open(t), dbtest.Open(t)
+	s1, s2 := sessionOn(t, db1), sessionOn(t, db2)
+	queued := []struct {
+		kind string
+		lock func(ctx context.Context, name string) error
+	}{
+		{"FairMutex.Lock", func(ctx context.Context, name string) error { return dsync.NewFairMutex(s1, name).Lock(ctx) }},
+		{"FairMutex.TryLock", func(ctx context.Context, name string) error {
+			_, err := dsync.NewFairMutex(s1, name).TryLock(ctx)
+			return err
+		}},
+		{"RWMutex.RLock", func(ctx context.Context, name string) error { return dsync.NewRWMutex(s1, name).RLock(ctx) }},
+	}
+	for _, q := range queued {
+		t.Run(q.kind, func(t *testing.T) {
+			name := lockName(t)
+			var txErr error
+			var taken atomic.Bool
+			t.Cleanup(dsync.AfterKindRead(func(n string) {
+				if n != name || taken.Swap(true) {
+					return
+				}
+				tx, err := db2.BeginTx(bg, nil)
+				if err != nil {
+					txErr = err
+					return
+				}
+				t.Cleanup(func() { tx.Rollback() })
+				txErr = dsync.NewMutex(s2, name).LockTx(bg, tx)
+			}))
+			ctx, cancel := context.WithTimeout(bg, 4*time.Second)
+			defer cancel()
+			err := q.lock(ctx, name)
+			if !taken.Load() || txErr != nil {
+				t.Fatalf("LockTx in the window after the read of the kind: ran %v, %v; want it to hold the name", taken.Load(), txErr)
+			}
+			if !errors.Is(err, dsync.ErrOtherKind) {
+				t.Fatalf("%s of a name that a LockTx transaction holds: got %v; want ErrOtherKind", q.kind, err)
+			}
+		})
+	}
+}
+
+// TestKindsBindPaused has a queued lock meet a lock row that a transaction
+// is writing (an insert not yet committed, whose kind it cannot read): it
+// binds again after a pause of the back-off, never at once, and gets
+// ErrOtherKind once the row commits as a Mutex's.
+func TestKindsBindPaused(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	s := sessionOn(t, db)
+	name := lockName(t)
+	var binds atomic.Int64
+	t.Cleanup(dsync.AfterKindRead(func(n string) {
+		if n == name {
+			binds.Add(1)
+		}
+	}))
+	tx, err := db.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("INSERT INTO dsync_lock (name, kind, fence) VALUES (?, 0, 1)", name); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(bg, 20*time.Second)
+		defer cancel()
+		errc <- dsync.NewFairMutex(s, name).Lock(ctx)
+	}()
+	const held = 500 * time.Millisecond
+	time.Sleep(held)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, dsync.ErrOtherKind) {
+		t.Errorf("FairMutex.Lock after the row committed as a Mutex's: got %v; want ErrOtherKind", err)
+	}
+	// The default back-off pauses 2ms, doubling up to 100ms: about 10
+	// binds in held. A bind again at once would make thousands.
+	n := binds.Load()
+	t.Logf("binds while a transaction wrote the row for %v: %d", held, n)
+	if n < 2 || n > 50 {
+		t.Errorf("binds while a transaction wrote the row for %v: got %d; want 2 to 50", held, n)
+	}
+}

@@ -411,13 +411,7 @@ func (s *Session) stopTxHolds() {
 	s.txClosed = true
 	s.mu.Unlock()
 	s.txHolds.Wait()
-	s.mu.Lock()
-	idle := s.txConns
-	s.txConns = nil
-	s.mu.Unlock()
-	for _, c := range idle {
-		c.Close()
-	}
+	s.closeTxConns()
 }
 
 // txIdleConns is how many connections of ended LockTx holds a session
@@ -498,7 +492,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		return
 	}
 	s.mu.Lock()
-	if ended && len(s.txConns) < txIdleConns && !s.txClosed {
+	if ended && len(s.txConns) < txIdleConns && !s.txClosed && s.stopped.Err() == nil {
 		s.txConns = append(s.txConns, c)
 		c = nil
 	}

@@ -1048,3 +1048,43 @@ func BenchmarkLockTxCommit(b *testing.B) {
 		}
 	}
 }
+
+// TestLostSessionClosesTxConns: a lost session closes the connections that
+// its ended LockTx holds kept idle for the next ones, as it closes its
+// lease, doorbell and waiter connections, so that none of the *sql.DB's
+// connections stays in use. Before, they stayed open until Close.
+func TestLostSessionClosesTxConns(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	s := sessionOn(t, db)
+	m := dsync.NewMutex(s, lockName(t))
+	tx := beginTx(t, db, sql.LevelReadCommitted)
+	if err := m.LockTx(bg, tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); m.Fence() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the LockTx hold after its commit: still held after 10s")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // its connection goes idle right after
+	held := db.Stats().InUse
+
+	dsync.ExpireLocally(s)
+	if err := s.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("Err past the deadline: got %v; want ErrSessionExpired", err)
+	}
+	var inUse int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if inUse = db.Stats().InUse; inUse == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("connections in use after the hold ended: %d; after the session was lost: %d", held, inUse)
+	if inUse != 0 {
+		t.Errorf("connections in use after the session was lost: got %d; want 0", inUse)
+	}
+}

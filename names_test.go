@@ -322,7 +322,7 @@ func TestRandomNamesAndOptions(t *testing.T) {
 	t.Logf("%d names (%d distinct valid ones; random ones from seed %d) through 3 primitives in %v",
 		len(names), len(valid), seed, time.Since(start).Round(time.Millisecond))
 
-	// Each valid name made one row in each lock space, an invalid one none;
+	// Each valid name made one row in each table it uses, an invalid one none;
 	// a queued lock's name has a row in the lock table too (its kind).
 	for _, c := range []struct {
 		table string

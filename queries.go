@@ -749,7 +749,10 @@ const (
 //     with kind 1, or adds one to the fence of a kind-1 row; a kind-0 row
 //     it leaves unchanged and reports. Before that it reads the row
 //     (qLockKind), so that a Mutex's name fails without a write, and
-//     without waiting for a transaction that holds the row (LockTx).
+//     without waiting for a transaction that holds the row (LockTx). A
+//     Mutex may create the row after that read and hand it to a
+//     transaction: the bind does not wait for it (1205 at once), and the
+//     row is read again (see createQueueRow).
 //   - So a queue row exists only while the name's lock row has kind 1,
 //     and its statements need not read the lock row: the uncontended
 //     paths keep their statements. The sweep deletes a kind-1 row only
@@ -775,7 +778,10 @@ const (
 	// row with kind 1, or adds one to the fence of its kind-1 row (a
 	// change, so that on a Galera cluster the row is written, and
 	// certified against any other write of it; the fence of a kind-1 row
-	// is no lock's, and a change of it voids the sweep's mark). Args: name.
+	// is no lock's, and a change of it voids the sweep's mark). It runs as
+	// its no-wait variant (noWaitSQL) where the server takes that, so that
+	// a transaction holding the row (Mutex.LockTx) gives 1205 at once
+	// instead of a wait of innodb_lock_wait_timeout. Args: name.
 	// LastInsertId otherKind: the name is a Mutex's (the row is left
 	// unchanged: roll back); else the row binds the name to the queued
 	// locks until the transaction ends.
@@ -785,8 +791,9 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 
 
 // Kinds of a lock row (the kind column).
 const (
-	kindRowMutex  = 0 // Mutex
-	kindRowQueued = 1 // FairMutex, RWMutex
+	kindRowNone   = -1 // no row: the name is unbound (not a value of the column)
+	kindRowMutex  = 0  // Mutex
+	kindRowQueued = 1  // FairMutex, RWMutex
 )
 
 // otherKind is the answer of qLockAcquire and qQueueBind for a name that
@@ -1044,6 +1051,7 @@ const (
 	sTxHoldPending
 	sLockKind
 	sQueueBind
+	sQueueBindNoWait
 	numStmts
 )
 
@@ -1129,6 +1137,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTxHoldPending] = r.Replace(qTxHoldPending)
 	q.prepared[sLockKind] = r.Replace(qLockKind)
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
+	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
 	return q
 }
 

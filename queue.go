@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -169,52 +170,134 @@ func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64
 // exists, in one transaction with qQueueBind, which binds the name to the
 // queued locks (see "One name, one kind" in queries.go). It returns
 // ErrOtherKind when a Mutex uses the name, and creates nothing then.
+//
+// The bind does not wait for a transaction that holds the lock row (the
+// no-wait variant, see noWaitSQL): a Mutex may create the row after the
+// read of its kind and hand it to a transaction (Mutex.LockTx), which
+// keeps it locked until it ends. After such a lock wait timeout (1205)
+// createQueueRow reads the kind again: a Mutex's name gives ErrOtherKind
+// at once; else (a write of the row that has not committed yet) it binds
+// again after a pause of the session's back-off, never at once.
 func (s *Session) createQueueRow(ctx context.Context, name string) error {
-	kind := -1 // no lock row
+	var b backoff.BackOff // made at the first lock wait
+	var timer *time.Timer
+	for {
+		kind, err := s.bindQueueRow(ctx, name)
+		if isErrNo(err, 1205) {
+			if kind, err = s.lockKind(ctx, name); err == nil && kind != kindRowMutex {
+				noteWait(ctx) // this call waits (see Stats)
+				if b == nil {
+					b = s.opts.newBackOff()
+				}
+				d := b.NextBackOff()
+				if d == backoff.Stop {
+					return ErrNotObtained
+				}
+				if timer == nil {
+					timer = time.NewTimer(d)
+					defer timer.Stop()
+				} else {
+					timer.Reset(d)
+				}
+				select {
+				case <-timer.C:
+					continue
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-s.done:
+					return s.Err()
+				}
+			}
+		}
+		if err == nil && kind == kindRowMutex {
+			return otherKindError(kindRowMutex)
+		}
+		return err
+	}
+}
+
+// bindQueueRow makes one attempt of createQueueRow on one connection: it
+// reads the kind of the name's lock row, and unless a Mutex uses the name,
+// binds it and creates the queue row in one transaction. It returns the
+// kind of the row (kindRowMutex: nothing was written), and 1205 when a
+// transaction holds the lock row.
+func (s *Session) bindQueueRow(ctx context.Context, name string) (int, error) {
+	kind := kindRowNone
 	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.pool, int(sLockKind))
-		if err != nil {
-			return err
+		var err error
+		if kind, err = s.lockKindOn(ctx, c, name); err != nil || kind == kindRowMutex {
+			return err // without a write, and without waiting for a LockTx that holds the row
 		}
-		if err := st.QueryRowContext(ctx, name).Scan(&kind); err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
+		if hook := kindReadHook.Load(); hook != nil {
+			(*hook)(name)
 		}
-		if kind == kindRowMutex {
-			return nil // without a write, and without waiting for a LockTx that holds the row
-		}
-		bind, err := c.Stmt(ctx, s.pool, int(sQueueBind))
-		if err != nil {
-			return err
-		}
-		create, err := c.Stmt(ctx, s.pool, int(sQueueCreate))
-		if err != nil {
-			return err
-		}
-		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
-			return nil, s.enqueueTx(ctx, c, func() error {
-				res, err := bind.ExecContext(ctx, name)
-				var bound int64
-				if err == nil {
-					bound, err = res.LastInsertId()
-				}
-				if err != nil {
-					return err
-				}
-				if bound == otherKind {
-					kind = kindRowMutex // a Mutex created the row since the read: nothing was written
-					return nil
-				}
-				kind = kindRowQueued
-				_, err = create.ExecContext(ctx, name)
+		for {
+			stmt := s.noWait(sQueueBind, sQueueBindNoWait)
+			bind, err := c.Stmt(ctx, s.pool, int(stmt))
+			if err != nil {
 				return err
-			})
-		})
+			}
+			create, err := c.Stmt(ctx, s.pool, int(sQueueCreate))
+			if err != nil {
+				return err
+			}
+			// No retry after a lock wait timeout: createQueueRow decides.
+			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
+				return nil, s.enqueueTx(ctx, c, func() error {
+					res, err := bind.ExecContext(ctx, name)
+					var bound int64
+					if err == nil {
+						bound, err = res.LastInsertId()
+					}
+					if err != nil {
+						return err
+					}
+					if bound == otherKind {
+						kind = kindRowMutex // a Mutex created the row since the read: nothing was written
+						return nil
+					}
+					kind = kindRowQueued
+					_, err = create.ExecContext(ctx, name)
+					return err
+				})
+			}, 0)
+			if stmt == sQueueBindNoWait && s.noWaitRefused(err) {
+				continue // the plain statement, from now on
+			}
+			return err
+		}
+	})
+	return kind, err
+}
+
+// kindReadHook, when set, runs in bindQueueRow between the read of a
+// name's kind and the bind, which is where a Mutex may take a name that a
+// queued lock found unbound; tests set it (see export_test.go).
+var kindReadHook atomic.Pointer[func(name string)]
+
+// lockKind reads the kind of the name's lock row (qLockKind): kindRowNone
+// when it has none.
+func (s *Session) lockKind(ctx context.Context, name string) (int, error) {
+	kind := kindRowNone
+	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		var err error
+		kind, err = s.lockKindOn(ctx, c, name)
 		return err
 	})
-	if err == nil && kind == kindRowMutex {
-		return otherKindError(kindRowMutex)
+	return kind, err
+}
+
+// lockKindOn is lockKind on the connection c.
+func (s *Session) lockKindOn(ctx context.Context, c *connpool.Conn, name string) (int, error) {
+	st, err := c.Stmt(ctx, s.pool, int(sLockKind))
+	if err != nil {
+		return kindRowNone, err
 	}
-	return err
+	kind := kindRowNone
+	if err := st.QueryRowContext(ctx, name).Scan(&kind); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return kindRowNone, err
+	}
+	return kind, nil
 }
 
 // insertTicket inserts a ticket, creating the name's row when it is
@@ -620,8 +703,8 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 	return true, nil
 }
 
-// queued is what FairMutex and RWMutex have in common: a name in the
-// queued lock space of a session.
+// queued is what FairMutex and RWMutex have in common: a name of a
+// session's queued locks.
 type queued struct {
 	s    *Session
 	name string

@@ -285,3 +285,38 @@ func TestUpperCasePrefixFoldedTableNames(t *testing.T) {
 		t.Fatalf("TryLock of the other session while the first holds: got %v, %v; want false, <nil>", ok, err)
 	}
 }
+
+// TestSchemaForeignTable: a table of another application with one of the
+// names dsync's tables would have (likely with the empty prefix: lock,
+// queue) makes NewSession fail with ErrSchemaVersion, and the error names
+// that table, not the lease table that is not there, and suggests a prefix
+// of dsync's own. The table is left alone, and nothing is created beside it.
+func TestSchemaForeignTable(t *testing.T) {
+	db := dbtest.Open(t)
+	prefix := freshPrefix("foreign")
+	foreign := prefix + "queue"
+	if _, err := db.Exec("CREATE TABLE `" + foreign + "` (id INT NOT NULL PRIMARY KEY, title VARCHAR(64) NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec("DROP TABLE `" + foreign + "`") })
+	s, err := dsync.NewSession(context.Background(), db, dsync.WithTablePrefix(prefix))
+	if s != nil {
+		s.Close()
+	}
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		t.Fatalf("NewSession beside another application's table %s: got %v; want ErrSchemaVersion", foreign, err)
+	}
+	for _, want := range []string{"found " + foreign + " ", "WithTablePrefix"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("NewSession beside another application's table: got %q; want it to say %q", err, want)
+		}
+	}
+	var tables int
+	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE ?",
+		prefix+"%").Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 1 {
+		t.Errorf("tables of the prefix after the refused NewSession: got %d; want the 1 it had", tables)
+	}
+}

@@ -168,16 +168,20 @@ func (o *options) validate() error {
 // delays a renewal and a renewal never waits for a connection; the
 // sessions of one *sql.DB (and table prefix) share at most 3 more for lock
 // statements, and each session that has locked or waited keeps a doorbell
-// connection, and up to 8 while waiting (see the README's Connections
-// section). With a limit, the sessions of one *sql.DB share a quarter of
-// it, at least 2 and at most 4, or 1 when the limit is 2 or 3 (then
-// renewals only go first: they may wait for one lock statement); a limit
-// of 1 leaves the caller nothing, and NewSession refuses it. When there
-// are two or more, one of them, once opened, is kept warm for the
-// sessions' renewals only (lock statements open their own), and renewals
-// go first. dsync pins what its statements rely on (autocommit, isolation,
-// time zone, sql_mode) on these connections, whatever the DSN says, and so
-// never hands them back to the pool: it closes them when it is done with
+// connection, and up to 8 while waiting, kept idle for the next waits; and
+// one per [Mutex.LockTx] hold in progress, blocked until its transaction
+// ends, of which it keeps up to 4 idle for the next holds (see the
+// README's Connections section). With a limit, the sessions of one *sql.DB
+// share a quarter of it, at least 2 and at most 4, or 1 when the limit is
+// 2 or 3 (then renewals only go first: they may wait for one lock
+// statement); a limit of 1 leaves the caller nothing, and NewSession
+// refuses it. When there are two or more, one of them, once opened, is
+// kept warm for the sessions' renewals only (lock statements open their
+// own), and renewals go first. LockTx holds then take no connection of
+// their own: the session checks for their end on these. dsync pins what
+// its statements rely on (autocommit, isolation, time zone, sql_mode) on
+// these connections, whatever the DSN says, and so never hands them back
+// to the pool: it closes them when it is done with
 // them (the session, or the last session of the pool, closed or lost, or a
 // connection in an unknown state). When the server refuses a connection
 // (1040, too many connections), NewSession and the calls that need one
@@ -244,7 +248,7 @@ type orphan struct {
 	since  time.Time // when it was recorded
 }
 
-// kind returns the lock space of o, as log records name it.
+// kind returns the kind of lock of o, as log records name it.
 func (o orphan) kind() string {
 	if o.ticket {
 		return kindQueue
@@ -501,8 +505,16 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	}
 	schema := s.q.tables[0]
 	if !present[schema] && len(present) > 0 {
-		return fmt.Errorf("%w: table %s has no version record (created by a dsync before schema version %d)",
-			ErrSchemaVersion, s.q.tables[1], schemaVersion)
+		var found []string
+		for _, table := range s.q.tables[1:] {
+			if present[table] {
+				found = append(found, table)
+			}
+		}
+		// With the empty prefix, another application's table called lock
+		// or queue gets here as well as an old dsync's tables.
+		return fmt.Errorf("%w: found %s but no version table %s: tables of a dsync before schema version %d, or another application's (give dsync a table prefix of its own: WithTablePrefix)",
+			ErrSchemaVersion, strings.Join(found, ", "), schema, schemaVersion)
 	}
 	if present[schema] && len(present) < len(s.q.tables) {
 		var version int
@@ -762,7 +774,20 @@ func (s *Session) lose(cause error) {
 		s.stop()
 		s.lease.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
+		s.closeTxConns()
 		s.release.Do(func() { releasePool(s.db, s.q) })
+	}
+}
+
+// closeTxConns closes the idle connections of ended LockTx holds. Once the
+// session has stopped, awaitTxEnd keeps no more of them.
+func (s *Session) closeTxConns() {
+	s.mu.Lock()
+	idle := s.txConns
+	s.txConns = nil
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
 	}
 }
 

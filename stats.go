@@ -99,7 +99,8 @@ type counters struct {
 	renewalFailures atomic.Int64
 }
 
-// Lock spaces, the values of the "kind" attribute of log records.
+// Kinds of lock, the values of the "kind" attribute of log records (a name
+// is one kind's: see "One name, one kind" in queries.go).
 const (
 	kindMutex = "mutex" // Mutex
 	kindQueue = "queue" // FairMutex and RWMutex

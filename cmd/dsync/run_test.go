@@ -538,7 +538,7 @@ func TestCommandEnvironment(t *testing.T) {
 			case f[3] != "yes":
 				t.Errorf("inherited variable: got %q; want yes", f[3])
 			}
-			// The fences of the queued lock space increase across runs.
+			// The fences of the queued lock increase across runs.
 			if kind == "--fair" || kind == "--write" {
 				if fence <= lastFence {
 					t.Errorf("DSYNC_FENCE: got %d; want > %d, the previous run's", fence, lastFence)
