@@ -209,6 +209,7 @@ func awaitGone(t *testing.T, db *sql.DB, conn int64) {
 // within takeBound once it is free. It runs on a server of its own, which
 // it restarts.
 func TestWaitersDoNotSpinOnFaults(t *testing.T) {
+	slowTest(t) // about 18 s of faults and waiting
 	const (
 		waiters = 8
 		short   = 2 * time.Second  // TTL of the sessions that die
