@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
 )
 
 // TestSessionDeadline: Deadline is TTL-TTL/5 after the lease was created,
@@ -14,7 +15,7 @@ import (
 // which then stays where it was.
 func TestSessionDeadline(t *testing.T) {
 	const ttl = time.Second
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	before := time.Now()
 	s := faultSession(t, openDB(t, dsn, 0), ttl)
 	after := time.Now()

@@ -22,30 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
-	"github.com/dsynclock/dsync/internal/faultproxy"
 )
-
-// newFaultProxy starts a fault proxy in front of the test server and returns
-// it with the DSN that reaches the test database through it. The proxy is
-// closed when the test ends.
-func newFaultProxy(t *testing.T) (*faultproxy.Proxy, string) {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(dbtest.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	cfg.Addr = p.Addr()
-	return p, cfg.FormatDSN()
-}
 
 // faultSession opens a session with the given TTL on db, within 30s, and
 // closes it when the test ends.
@@ -397,7 +376,7 @@ func TestLatencyFromSessionStart(t *testing.T) {
 	slowTest(t)
 	const ttl = 3 * time.Second
 	const latency = ttl / 6
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	p.SetLatency(latency)
 	direct := dbtest.Open(t)
 	// A first session, direct, creates the tables (the usual case: the slow
@@ -562,7 +541,7 @@ func TestUnlockReplyLost(t *testing.T) {
 func unlockReplyLost(t *testing.T, kind string) {
 	const ttl = 2 * time.Second
 	bg := context.Background()
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	direct := dbtest.Open(t)
 	name := lockName(t)
 
@@ -703,7 +682,7 @@ func cancellationBoundedOnBlackHole(t *testing.T, kind string) {
 	const ttl = 6 * time.Second
 	const lockWait, unlockWait, margin = 2 * time.Second, time.Second, time.Second
 	bg := context.Background()
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	name, held := lockName(t), lockName(t)+"/held"
 
 	owner := newFaultLock(kind, faultSession(t, dbtest.Open(t), ttl), name)
@@ -797,7 +776,7 @@ func TestLostSessionReleasesConnections(t *testing.T) {
 	const ttl = 3 * time.Second
 	const sessions, locksEach = 5, 3
 	const release = 2 * time.Second
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	db := dbtest.OpenDSN(t, dsn)
 	name := lockName(t)
 	var all []*dsync.Session
@@ -885,7 +864,7 @@ func lockInFlightWhenLeaseLost(t *testing.T, kind string) {
 	const ttl = time.Second
 	const latency = 1500 * time.Millisecond
 	bg := context.Background()
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	direct := dbtest.Open(t)
 	name := lockName(t)
 
@@ -968,7 +947,7 @@ func lockInFlightWhenLeaseLost(t *testing.T, kind string) {
 func TestCallsEndWithTheirSession(t *testing.T) {
 	const ttl = 2 * time.Second
 	bg := context.Background()
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	name := lockName(t)
 	owner := dsync.NewMutex(faultSession(t, dbtest.Open(t), ttl), name)
 	if err := owner.Lock(bg); err != nil {
@@ -1029,7 +1008,7 @@ func TestRenewalsOnSlowSharedPools(t *testing.T) {
 		t.Run(fmt.Sprintf("max %d, %d sessions", tc.maxOpen, tc.sessions), func(t *testing.T) {
 			const ttl = 3 * time.Second
 			bg := context.Background()
-			p, dsn := newFaultProxy(t)
+			p, dsn := dbtest.FaultProxy(t)
 			name := lockName(t)
 			owner := dsync.NewMutex(newSession(t, dsync.WithTTL(ttl)), name)
 			if err := owner.Lock(bg); err != nil {

@@ -119,7 +119,7 @@ func TestCrashedHolderFreedAfterTTL(t *testing.T) {
 // session acquires the lock.
 func TestLeaseLossSignalledBeforeTakeover(t *testing.T) {
 	const ttl = time.Second
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	cut, err := dsync.NewSession(context.Background(), dbtest.OpenDSN(t, dsn), dsync.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)

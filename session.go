@@ -1322,13 +1322,13 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	switch {
 	case !ran:
 		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
-	case err != nil && ctx.Err() == nil && (!connpool.Reusable(err) || isErrNo(err, 1927)):
-		// The doorbell's connection went under the statement
-		// (ForceRelease of another of this session's locks kills it to
-		// wake that lock's waiters; a server restart): free o on a pool
-		// connection. The release is by token: when the statement did
-		// commit before its connection went, this one frees nothing, and
-		// the error stands (the reaper then finds nothing to free).
+	case err != nil && ctx.Err() == nil:
+		// The statement failed on the doorbell's connection, which went
+		// with it (ForceRelease of another of this session's locks kills
+		// it to wake that lock's waiters; a server restart): free o on a
+		// pool connection. The release is by token: when the statement
+		// did commit before it failed, this one frees nothing, and the
+		// error stands (the reaper then finds nothing to free).
 		if again, aerr := s.exec(ctx, sLockRelease, o.name, s.id, o.token); aerr == nil {
 			if n, _ := again.RowsAffected(); n > 0 {
 				ran, res, err = false, again, nil // rings below when waiters want it

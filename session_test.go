@@ -31,7 +31,7 @@ func TestSlowLinkLockRightAfterNewSession(t *testing.T) {
 	slowTest(t)
 	const ttl = 3 * time.Second
 	const latency = 500 * time.Millisecond
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(faultLogWriter{t}, nil))

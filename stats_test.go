@@ -425,7 +425,7 @@ func TestStatsRenewals(t *testing.T) {
 // fails, it is lost, and Stats and the log say so.
 func TestStatsRenewalFailures(t *testing.T) {
 	const ttl = 3 * time.Second
-	p, dsn := newFaultProxy(t)
+	p, dsn := dbtest.FaultProxy(t)
 	logger, logs := newCaptureLogger()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -74,9 +74,10 @@ const usage = `usage:
   dsync release --force [--dsn DSN] [--prefix P] NAME
                                                free a Mutex held by a live session
 ls and release also take --connect-timeout D, which bounds the whole command.
-run holds the lock until COMMAND has exited and every process it left in its
-process group has ended (processes that left the group, with setsid or as
-daemons, are not waited for); signals to dsync go to the group meanwhile.
+run holds the lock until COMMAND has exited and, on Linux, every process it
+left in its process group has ended (processes that left the group, with
+setsid or as daemons, are not waited for); meanwhile signals to dsync, and
+the terminal's keys, go to the group.
 Exit status of run: the command's; 128+N when it died of signal N; 75 lock not
 obtained; 78 the name is used by another kind of lock (--fair, --read and
 --write against none of them); 70 lease lost or at risk while the command ran

@@ -338,6 +338,7 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 	exits, stop := notifyChildExits()
 	defer stop()
 	var poll <-chan time.Time // ticks once the command has been reaped
+	told := false             // the wait for the group's leftovers was reported
 	for {
 		// waited is nil once the command has been reaped.
 		reapOrphans(pid, waited == nil)
@@ -354,16 +355,22 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 		select {
 		case code = <-waited:
 			waited = nil
-			if fg {
-				takeTerminalBack()
-			}
-			// A member of the group whose parent is outside it and not
-			// dsync ends without a SIGCHLD to dsync: poll for those.
+			// The terminal stays with the group until it is empty (the
+			// deferred takeTerminalBack of runCommand): its keys reach the
+			// processes left in it, and none can stop or kill dsync,
+			// which holds the lease for them, while they run on. A member
+			// of the group whose parent is outside it and not dsync ends
+			// without a SIGCHLD to dsync: poll for those.
 			tick := time.NewTicker(groupPoll)
 			defer tick.Stop()
 			poll = tick.C
 		case <-exits:
 		case <-poll:
+			if !told {
+				told = true
+				fmt.Fprintf(stderr, "dsync: %s has exited; holding lock %q until the processes it left in its process group %d end\n",
+					c.argv[0], c.name, pid)
+			}
 		case <-s.Done():
 			t.Stop()
 			return c.stopCommand(s, pid, waited), true

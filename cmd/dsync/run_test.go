@@ -18,7 +18,6 @@ import (
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
-	"github.com/dsynclock/dsync/internal/faultproxy"
 )
 
 // TestExitStatusOfCommand: dsync run exits with the command's status.
@@ -198,7 +197,7 @@ func TestExitStatusLeaseLost(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, dsn := newFaultProxy(t)
+			p, dsn := dbtest.FaultProxy(t)
 			dir := t.TempDir()
 			ready, marker := filepath.Join(dir, "ready"), filepath.Join(dir, "marker")
 			name := lockName(t)
@@ -240,24 +239,6 @@ func TestExitStatusLeaseLost(t *testing.T) {
 	}
 }
 
-// newFaultProxy starts a fault proxy in front of the test server and
-// returns it with the DSN that reaches the test database through it. The
-// proxy is closed when the test ends.
-func newFaultProxy(t *testing.T) (*faultproxy.Proxy, string) {
-	t.Helper()
-	cfg, err := mysql.ParseDSN(dbtest.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := faultproxy.New(cfg.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	cfg.Addr = p.Addr()
-	return p, cfg.FormatDSN()
-}
-
 // TestCommandDeadBeforeNextHolder: when a dsync run loses its lease, its
 // command and the command's process group are dead before the lock can
 // pass to another holder, whatever the command does with SIGTERM. The
@@ -279,7 +260,7 @@ func TestCommandDeadBeforeNextHolder(t *testing.T) {
 		{"background job of an ended command", `(` + trapped + `) >/dev/null 2>&1 & exit 0`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, dsn := newFaultProxy(t)
+			p, dsn := dbtest.FaultProxy(t)
 			dir := t.TempDir()
 			ready, log := filepath.Join(dir, "ready"), filepath.Join(dir, "log")
 			name := lockName(t)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/dsynclock/dsync/internal/faultproxy"
 	"github.com/dsynclock/dsync/internal/mariadb"
 )
 
@@ -103,4 +104,22 @@ func OpenDSN(tb testing.TB, dsn string) *sql.DB {
 	}
 	tb.Cleanup(func() { db.Close() })
 	return db
+}
+
+// FaultProxy starts a fault proxy in front of the test server and returns
+// it with the DSN that reaches the test database through it. The proxy is
+// closed when the test ends.
+func FaultProxy(tb testing.TB) (*faultproxy.Proxy, string) {
+	tb.Helper()
+	cfg, err := mysql.ParseDSN(DSN())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := faultproxy.New(cfg.Addr)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	cfg.Addr = p.Addr()
+	return p, cfg.FormatDSN()
 }
