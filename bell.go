@@ -550,7 +550,7 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 			return waitPace
 		}
 	}
-	ref, left, fence, err := s.lockBellFence(ctx, m.name)
+	ref, left, fence, err := s.lockBell(ctx, m.name)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return waitPace
@@ -593,16 +593,10 @@ func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
-// that session's doorbell, and how long its lease has left in
-// microseconds; sql.ErrNoRows when nobody live holds or claimed the row.
-func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left int64, err error) {
-	ref, left, _, err = s.lockBellFence(ctx, name)
-	return ref, left, err
-}
-
-// lockBellFence is lockBell that also returns the row's fence (0 when the
-// row is missing).
-func (s *Session) lockBellFence(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+// that session's doorbell, how long its lease has left in microseconds,
+// and the row's fence (0 when the row is missing); sql.ErrNoRows when
+// nobody live holds or claimed the row.
+func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
 	var id, gen, until sql.NullInt64
 	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)

@@ -382,7 +382,7 @@ func (s *Session) txQueries(ctx context.Context) (*txQueries, error) {
 // or claimed by a live waiter of another session, now (a plain read: it
 // never waits for a transaction's row lock).
 func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
-	_, _, err := s.lockBell(ctx, name)
+	_, _, _, err := s.lockBell(ctx, name)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}
