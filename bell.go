@@ -65,8 +65,8 @@ import (
 // of their own: one per session that has held or waited for a lock, and one per name
 // its process waits for, at most bellWaiters), or when a holder has no
 // doorbell (bell 0). A waiter blocks no longer than the holder's lease has
-// left, rounded up to a whole second, so a holder that stopped renewing
-// (paused, cut off) is overtaken within a second of its lease's end.
+// left (see waitBell), so a holder that stopped renewing (paused, cut off)
+// is overtaken as soon as its lease ends.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 8                    // most connections a session blocks on doorbells with
@@ -740,15 +740,33 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 
 // waitBell blocks on c until doorbell ref rings, for at most most (a
 // whole number of seconds) or what the ringing session's lease has left
-// (left microseconds), rounded up to whole seconds (all that MySQL's
-// GET_LOCK takes), or until ctx or the session ends. A doorbell that is free at once (rung, or gone with
-// its connection) or rings is recorded in st (see judge); the caller tries
-// again at once after it or after a block that timed out, and paces
-// itself after an error.
+// (left microseconds), or until ctx or the session ends. A doorbell that
+// is free at once (rung, or gone with its connection) or rings is recorded
+// in st (see judge); the caller tries again at once after it or after a
+// block that timed out, and paces itself after an error.
+//
+// The block's timeout is fractional: MariaDB's GET_LOCK honours it, so a
+// waiter overtakes a holder that stopped renewing within bellLate of its
+// lease's end; MySQL's rounds it to whole seconds. With less than a second
+// left, which MySQL could round to no wait at all (and the waiter would
+// block again and again at once), the waiter sleeps until the lease's end
+// instead, sending nothing; only a holder that stopped renewing gets that
+// close to its lease's end.
 func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, most time.Duration, name, kind string, st *bellState) waitOutcome {
 	bell := bellName(ref.id, ref.gen)
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
-	timeout := int64(max((limit+time.Second-1)/time.Second, 1))
+	if limit < time.Second {
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			st.pace = 0
+		case <-ctx.Done():
+		case <-s.done:
+		}
+		return waitTry
+	}
+	timeout := limit.Seconds()
 	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
