@@ -615,12 +615,15 @@ func TestGaleraRWMutexWriterVsReaders(t *testing.T) {
 // two goroutines per node sharing the node's session: no node is starved
 // (no Lock waits longer than maxWait, which the claims of starving waiters
 // bound), each node gets at least minShare of the acquisitions, with no
-// overlap and increasing fences.
+// overlap and increasing fences. The shares themselves are a timing figure
+// that follows the servers (README, What is tested, has them with their
+// command): minShare only catches a node shut out, as one was before claims
+// (0 of 3,046 acquisitions).
 func TestGaleraMutexShares(t *testing.T) {
 	const (
 		perNode  = 2
 		duration = 10 * time.Second
-		minShare = 0.15
+		minShare = 0.10
 		maxWait  = 2 * time.Second
 	)
 	g := newGaleraDB(t)
