@@ -19,17 +19,15 @@
 //
 // # Waiting
 //
-// A waiter in another process does not poll: it blocks in GET_LOCK on the
-// holder's doorbell, a named lock that the holder's session keeps on a
-// connection of its own and lets go when a release finds someone waiting,
-// and then tries the row again. The row stays the only source of truth;
-// a doorbell is only a hint, so a lost one costs time, never correctness.
-// A Mutex waiter of another process also claims the next hold, so that
-// neither the releasing process nor a faster one overtakes it; FairMutex
-// and RWMutex serve tickets in order. Where doorbells are not available
-// (a Galera cluster, where GET_LOCK is node-local and refused; a *sql.DB
-// with a connection limit, since doorbells take connections of their own)
-// waiters poll with the back-off of [WithBackOff].
+// A waiter in another process does not poll: it blocks on the holder's
+// doorbell (GET_LOCK on a connection the holder's session keeps), which a
+// release rings when someone waits, and then tries the row again. The row
+// stays the only source of truth; a doorbell is only a hint, so a lost one
+// costs time, never correctness. A Mutex waiter of another process also
+// claims the next hold; FairMutex and RWMutex serve tickets in order.
+// Where doorbells are not available (a Galera cluster; a *sql.DB with a
+// connection limit) waiters poll with the back-off of [WithBackOff]. How
+// waiting, claims, fairness and [Mutex.LockTx] work is in [docs/DESIGN.md].
 //
 // Errors are the sentinels of this package, wrapped with context: test them
 // with [errors.Is]. Misuse, such as unlocking a lock that is not held, is an
@@ -38,26 +36,18 @@
 // # Tables
 //
 // NewSession creates, when they are missing, six tables (names with the
-// prefix of [WithTablePrefix], default "dsync_"): schema, the version of the
-// tables and the state of their clean-up; lease, one row per live session;
-// lock, one row per name in use, which says whether a Mutex or the queued
-// locks use it; queue, one row per FairMutex or
-// RWMutex name in use; ticket, one row per waiter or holder of those;
-// txlock, one row per Mutex name that a transaction holds or waits for
-// ([Mutex.LockTx]). Rows
-// of lock and queue that have been free for an hour ([WithFreeRowAge]) are
-// deleted in the background, and a row created anew starts its fences
-// above every fence its name had, so fences never go back. See queries.go
-// for every statement dsync sends, and [Session] for the connections dsync
-// keeps and the session settings it pins on them.
+// prefix of [WithTablePrefix], default "dsync_"): schema, lease, lock,
+// queue, ticket and txlock. Rows of lock and queue that have been free for
+// an hour ([WithFreeRowAge]) are deleted in the background, and fences
+// never go back. See queries.go for every statement dsync sends, [Session]
+// for the connections dsync keeps, and [docs/OPERATIONS.md] for the tables, the
+// clean-up, connections, clusters and the dsync command.
 //
 // A name is one lock. FairMutex and RWMutex share their names: a FairMutex
-// is the write side of the RWMutex of the same name. A Mutex and those
-// queued locks are kept apart by name instead: a name is bound to the kind
-// that used it first, and the other kind gets [ErrOtherKind] (never both
-// hold it, even when they race for a new name), until the clean-up has
-// deleted the name's idle rows ([WithFreeRowAge]; the queued locks' take
-// about twice the age, their queue row going first).
+// is the write side of the RWMutex of the same name. A name is bound to
+// the kind that used it first, Mutex or the queued locks, and the other
+// kind gets [ErrOtherKind] (never both hold it), until the clean-up has
+// deleted the name's idle rows.
 //
 // # Operators
 //
@@ -113,4 +103,7 @@
 // frees in the background (see [Mutex.Unlock]); it is logged when freed,
 // or when it was not found for a minute (another statement freed it, or
 // the acquisition it was recorded for never landed).
+//
+// [docs/DESIGN.md]: https://github.com/dsynclock/dsync/blob/main/docs/DESIGN.md
+// [docs/OPERATIONS.md]: https://github.com/dsynclock/dsync/blob/main/docs/OPERATIONS.md
 package dsync
