@@ -616,8 +616,8 @@ func TestGaleraRWMutexWriterVsReaders(t *testing.T) {
 // (no Lock waits longer than maxWait, which the claims of starving waiters
 // bound), each node gets at least minShare of the acquisitions, with no
 // overlap and increasing fences. The shares themselves are a timing figure
-// that follows the servers (README, What is tested, has them with their
-// command): minShare only catches a node shut out, as one was before claims
+// that follows the servers (docs/OPERATIONS.md, Measured on a cluster,
+// has them with their command): minShare only catches a node shut out, as one was before claims
 // (0 of 3,046 acquisitions).
 func TestGaleraMutexShares(t *testing.T) {
 	const (

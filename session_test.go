@@ -164,7 +164,7 @@ func TestMaxConnectionsKeepsLeases(t *testing.T) {
 // Lock, with a ctx of 4 TTLs, for one of 10 names another session holds.
 // It reports how many NewSession calls and Locks the server refused
 // (1040), how many Locks waited until their ctx ended, and how many
-// sessions were lost (README, Connections). Run it with
+// sessions were lost (docs/OPERATIONS.md, Connections). Run it with
 // go test -run '^$' -bench MaxConnections -benchtime 1x .
 func BenchmarkMaxConnections(b *testing.B) {
 	const (

@@ -15,9 +15,10 @@ import (
 	"github.com/dsynclock/dsync/internal/mariadb"
 )
 
-// Budgets of TestWaitersDoNotSpinOnFaults, as README's Waiting paragraph
-// states them: a waiter that cannot block on a doorbell sends at most 20
-// statements a second (it polls with a back-off from 50ms up to a second),
+// Budgets of TestWaitersDoNotSpinOnFaults, as docs/DESIGN.md's section on
+// waiting states them: a waiter that cannot block on a doorbell sends at
+// most 20 statements a second (it polls with a pace from 100ms up to a
+// second, paceFloor and paceCap),
 // and takes a lock within that second once the lock is free.
 const (
 	spinBudget = 20.0                    // statements per second per waiter, keep-alives included
