@@ -515,12 +515,14 @@ func (s *Session) txConn() *connpool.Conn {
 	return c
 }
 
-// execOn runs a prepared statement on a connection of the session's own
-// keeping (not the pool's).
-func (s *Session) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
-	st, err := c.Stmt(ctx, s.pool, int(stmt))
-	if err != nil {
-		return nil, err
+// closeTxConns closes the idle connections of ended LockTx holds. Once the
+// session has stopped, awaitTxEnd keeps no more of them.
+func (s *Session) closeTxConns() {
+	s.mu.Lock()
+	idle := s.txConns
+	s.txConns = nil
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
 	}
-	return st.ExecContext(ctx, args...)
 }

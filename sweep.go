@@ -289,12 +289,3 @@ func (s *Session) sweepStmt(stmt stmtIndex) stmtIndex {
 	}
 	return stmt
 }
-
-// execCount runs a prepared statement and returns RowsAffected.
-func (s *Session) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int64, error) {
-	res, err := s.exec(ctx, stmt, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
