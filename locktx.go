@@ -175,7 +175,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	// transactions of this process that lock names in opposite orders must
 	// meet in the database, which sees the deadlock. It is created outside
 	// tx.
-	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, 1062) {
+	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, errDupEntry) {
 		m.s.locks.unref(m.name)
 		return false, err
 	}
@@ -205,9 +205,9 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	switch {
 	case err == nil && n != 1:
 		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (tx is in no transaction, or on another server, or the session's lease ended)", ErrNotHeld)
-	case isErrNo(err, 1213):
+	case isErrNo(err, errDeadlock):
 		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
-	case isErrNo(err, 1193):
+	case isErrNo(err, errUnknownSystemVariable):
 		err = fmt.Errorf("%w: LockTx needs MariaDB (@@in_transaction): %w", errors.ErrUnsupported, err)
 	}
 	if err == nil {
@@ -336,11 +336,11 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 		switch {
 		case err == nil:
 			return true, nil
-		case isErrNo(err, 1213):
+		case isErrNo(err, errDeadlock):
 			return false, fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
 		case nowait && m.s.noWaitRefused(err):
 			return m.txLock(ctx, tx, q, wait) // without SET STATEMENT from now on
-		case !isErrNo(err, 1205) || ctx.Err() != nil:
+		case !isErrNo(err, errLockWaitTimeout) || ctx.Err() != nil:
 			return false, err
 		case !wait:
 			return false, nil // another transaction holds it
@@ -460,9 +460,9 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		case err == nil:
 			ended = true
 			continue
-		case isErrNo(err, 1205) && c != nil:
+		case isErrNo(err, errLockWaitTimeout) && c != nil:
 			continue // the transaction still runs
-		case !isErrNo(err, 1205) && ctx.Err() == nil:
+		case !isErrNo(err, errLockWaitTimeout) && ctx.Err() == nil:
 			s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
 				"lock", name, "kind", kindMutex, "err", err)
 			if c != nil {

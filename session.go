@@ -208,7 +208,7 @@ func (s *Session) start(ctx context.Context) error {
 				s.deadline.Store(int64(s.opts.ttl - s.safetyMargin()))
 				return nil
 			}
-			if !isErrNo(err, 1062) || attempt == 9 || ctx.Err() != nil {
+			if !isErrNo(err, errDupEntry) || attempt == 9 || ctx.Err() != nil {
 				return fmt.Errorf("dsync: create lease: %w", err)
 			}
 		}

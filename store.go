@@ -112,7 +112,7 @@ func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockW
 		if !isErrNo(err, rolledBack...) || attempt == maxRetries || ctx.Err() != nil {
 			return res, err
 		}
-		if isErrNo(err, 1205) {
+		if isErrNo(err, errLockWaitTimeout) {
 			if lockWaits == 0 {
 				return res, err
 			}
@@ -181,7 +181,7 @@ func (s *Session) noWait(stmt, variant stmtIndex) stmtIndex {
 // noWaitRefused reports whether err is the server refusing the syntax of
 // the no-wait variants (1064), and then stops using them.
 func (s *Session) noWaitRefused(err error) bool {
-	if !isErrNo(err, 1064) {
+	if !isErrNo(err, errParse) {
 		return false
 	}
 	if !s.noWaitOff.Swap(true) {

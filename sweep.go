@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/dsynclock/dsync/internal/connpool"
 )
 
@@ -128,8 +126,7 @@ func (s *Session) sweep(every, age time.Duration) (deleted, marked int64) {
 			marked += b.marked
 			if err != nil {
 				s.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", t.name, "after", after, "err", err)
-				var me *mysql.MySQLError
-				if b.last == "" || !errors.As(err, &me) {
+				if b.last == "" || !serverError(err) {
 					return deleted, marked
 				}
 			}
@@ -193,7 +190,7 @@ func (s *Session) sweepTxLockBatch(ctx context.Context, age time.Duration) (dele
 		}
 		var res sql.Result
 		res, err = s.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
-		if isErrNo(err, 1205) {
+		if isErrNo(err, errLockWaitTimeout) {
 			err = nil // a transaction holds it
 			continue
 		}
