@@ -16,15 +16,15 @@ import (
 // dsync older than the version record. A version already recorded is
 // checked before any DDL, so that tables of another version are left as
 // they are (no table of this version is added beside them).
-func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
-	present, err := s.tablesPresent(ctx, c)
+func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
+	present, err := tablesPresent(ctx, c, q)
 	if err != nil {
 		return err
 	}
-	schema := s.q.tables[0]
+	schema := q.tables[0]
 	if !present[schema] && len(present) > 0 {
 		var found []string
-		for _, table := range s.q.tables[1:] {
+		for _, table := range q.tables[1:] {
 			if present[table] {
 				found = append(found, table)
 			}
@@ -34,9 +34,9 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 		return fmt.Errorf("%w: found %s but no version table %s: tables of a dsync before schema version %d, or another application's (give dsync a table prefix of its own: WithTablePrefix)",
 			ErrSchemaVersion, strings.Join(found, ", "), schema, schemaVersion)
 	}
-	if present[schema] && len(present) < len(s.q.tables) {
+	if present[schema] && len(present) < len(q.tables) {
 		var version int
-		err := c.QueryRowContext(ctx, s.q.version).Scan(&version)
+		err := c.QueryRowContext(ctx, q.version).Scan(&version)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			// Created by a session that has not recorded the version
@@ -48,27 +48,27 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 				ErrSchemaVersion, schema, version, schemaVersion)
 		}
 	}
-	for i, table := range s.q.tables {
+	for i, table := range q.tables {
 		if present[table] {
 			continue
 		}
-		if _, err := c.ExecContext(ctx, s.q.creates[i]); err != nil {
+		if _, err := c.ExecContext(ctx, q.creates[i]); err != nil {
 			return err
 		}
 		if i == 0 {
-			if _, err := c.ExecContext(ctx, s.q.record, schemaVersion); err != nil {
+			if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
 				return err
 			}
 		}
 	}
 	var version int
-	err = c.QueryRowContext(ctx, s.q.version).Scan(&version)
+	err = c.QueryRowContext(ctx, q.version).Scan(&version)
 	if errors.Is(err, sql.ErrNoRows) {
 		// Created by a session that has not recorded the version yet.
-		if _, err := c.ExecContext(ctx, s.q.record, schemaVersion); err != nil {
+		if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
 			return err
 		}
-		err = c.QueryRowContext(ctx, s.q.version).Scan(&version)
+		err = c.QueryRowContext(ctx, q.version).Scan(&version)
 	}
 	switch {
 	case err != nil:
@@ -80,13 +80,12 @@ func (s *Session) createTables(ctx context.Context, c *connpool.Conn) error {
 	return nil
 }
 
-// tablesPresent reads which of the session's tables exist, keyed by the
-// session's names for them. A server that compares table names without
-// regard to case (lower_case_table_names) may return them in lower case
-// whatever the prefix's case: its names are matched to the session's
-// without regard to case too.
-func (s *Session) tablesPresent(ctx context.Context, c *connpool.Conn) (map[string]bool, error) {
-	t := s.q.tables
+// tablesPresent reads which of q's tables exist, keyed by q's names for
+// them. A server that compares table names without regard to case
+// (lower_case_table_names) may return them in lower case whatever the
+// prefix's case: its names are matched to q's without regard to case too.
+func tablesPresent(ctx context.Context, c *connpool.Conn, q *queries) (map[string]bool, error) {
+	t := q.tables
 	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4], t[5])
 	if err != nil {
 		return nil, err

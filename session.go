@@ -55,13 +55,10 @@ import (
 // (1040, too many connections), NewSession and the calls that need one
 // return that error.
 type Session struct {
-	db     *sql.DB
+	*store // the statement runner; embedded until the call sites name it (s.store.exec)
+
 	opts   options
-	q      *queries
-	pool   *connpool.Pool
-	lease  *leaseConn // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
-	galera bool       // the database is a Galera cluster node (see qSyncWait)
-	id     int64      // lease id, the holder column of the lock rows it holds
+	id     int64 // lease id, the holder column of the lock rows it holds
 	logger *slog.Logger
 
 	// origin is a reading of the monotonic clock; deadline (nanoseconds
@@ -81,7 +78,6 @@ type Session struct {
 	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
 	sweeps    atomic.Int64    // sweep passes this session has run
 	kick      chan struct{}   // a value: the reaper has orphans to free now
-	release   sync.Once       // releases the session's share of the pool
 	stats     counters        // see Stats
 
 	mu      sync.Mutex
@@ -93,8 +89,6 @@ type Session struct {
 	freeing int                  // guarded by mu; orphans taken out of orphans by freeOrphans, being freed
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
-
-	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
 
 	txq      atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see locktx.go)
 	txHolds  sync.WaitGroup            // goroutines waiting for a LockTx hold's transaction to end
@@ -131,17 +125,13 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		return nil, err
 	}
 	q := newQueries(o.prefix)
-	pool, galera, err := acquirePool(ctx, db, q)
+	st, err := newStore(ctx, db, q, o.logger)
 	if err != nil {
 		return nil, err
 	}
 	s := &Session{
-		db:      db,
+		store:   st,
 		opts:    o,
-		q:       q,
-		pool:    pool,
-		lease:   ownLeaseConn(db),
-		galera:  galera,
 		logger:  o.logger,
 		done:    make(chan struct{}),
 		renewer: make(chan struct{}),
@@ -149,20 +139,22 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
-			allowed: !galera && db.Stats().MaxOpenConnections == 0},
+			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
 	s.stopped, s.stop = context.WithCancel(context.Background())
+	st.stopped, st.ended = s.stopped, s.Err
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
 	s.queues = newRegistry(&s.mu, func() *localQueue {
 		return &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
 	})
 	if err := s.start(ctx); err != nil {
 		s.stop()
-		s.lease.close()
-		s.release.Do(func() { releasePool(db, q) })
+		s.leaseConn.close()
+		s.releasePool()
 		return nil, err
 	}
 	s.logger = s.logger.With("session", s.id) // every record names its session
+	st.logger = s.logger
 	go s.keepAlive()
 	go s.reap()
 	go s.sweepLoop()
@@ -178,7 +170,7 @@ func (s *Session) start(ctx context.Context) error {
 		// once, and the version record, can meet as certification
 		// conflicts (1213), which roll a statement back: all of it runs
 		// again, and finds what the others created.
-		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, s.createTables(ctx, c) })
+		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, createTables(ctx, c, s.q) })
 		if errors.Is(err, ErrSchemaVersion) {
 			return err
 		} else if err != nil {
@@ -292,10 +284,10 @@ func (s *Session) lose(cause error) {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
 	}) {
 		s.stop()
-		s.lease.close() // after stop: a renewal on it ends at once
+		s.leaseConn.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
 		s.closeTxConns()
-		s.release.Do(func() { releasePool(s.db, s.q) })
+		s.releasePool()
 	}
 }
 
@@ -320,8 +312,8 @@ func (s *Session) Close() error {
 	s.stopTxHolds()
 	s.stopBell()
 	<-s.sweeper
-	defer s.release.Do(func() { releasePool(s.db, s.q) })
-	defer s.lease.close()
+	defer s.releasePool()
+	defer s.leaseConn.close()
 	if lost {
 		return nil
 	}

@@ -3,11 +3,52 @@ package dsync
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
+
+// A store runs dsync's prepared statements on a session's connections:
+// lock statements on the shared pool's, lease statements (priority) on
+// the session's own lease connection when it has one. It retries what a
+// server error says had no effect, and chooses the statements that do not
+// wait for row locks where the server takes them. It knows no lock kind
+// and never calls into the Session: what it needs to know of the session
+// (when it ends, and why) it is given when made.
+type store struct {
+	db        *sql.DB
+	q         *queries
+	pool      *connpool.Pool
+	leaseConn *leaseConn // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
+	galera    bool       // the database is a Galera cluster node (see qSyncWait)
+	logger    *slog.Logger
+	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
+	release   sync.Once   // releases the session's share of the pool
+
+	// Set by the session before its first statement.
+	stopped context.Context // ends when Close starts or the session is lost
+	ended   func() error    // the session's Err: why a statement it cut short failed
+}
+
+// newStore returns the store of a new session on db, with its share of the
+// shared pool of db and q's tables (see acquirePool), and its own lease
+// connection when db has no connection limit (see ownLeaseConn).
+func newStore(ctx context.Context, db *sql.DB, q *queries, logger *slog.Logger) (*store, error) {
+	pool, galera, err := acquirePool(ctx, db, q)
+	if err != nil {
+		return nil, err
+	}
+	return &store{db: db, q: q, pool: pool, leaseConn: ownLeaseConn(db), galera: galera, logger: logger}, nil
+}
+
+// releasePool releases the session's share of the shared pool, once.
+func (s *store) releasePool() {
+	s.release.Do(func() { releasePool(s.db, s.q) })
+}
 
 // withConn runs f on one of the session's connections (priority: a lease
 // statement, which runs on the session's own connection when it has one,
@@ -17,7 +58,7 @@ import (
 // own statements (see closingCtx) run under Close's ctx alone. A connection
 // whose use ended with that ctx done is discarded: the driver may have
 // closed it, or a statement may still be running on it.
-func (s *Session) withConn(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+func (s *store) withConn(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err // no connection is spent on a call that cannot run
 	}
@@ -34,7 +75,7 @@ func (s *Session) withConn(ctx context.Context, priority bool, f func(context.Co
 	}
 	err := s.use(sctx, priority, f)
 	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
-		if serr := s.Err(); serr != nil {
+		if serr := s.ended(); serr != nil {
 			return serr // the session ended under the statement
 		}
 	}
@@ -43,9 +84,9 @@ func (s *Session) withConn(ctx context.Context, priority bool, f func(context.Co
 
 // use runs f on a connection from the pool under ctx and puts it back, or,
 // for a lease statement, on the session's own connection when it has one.
-func (s *Session) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
-	if priority && s.lease != nil {
-		return s.lease.use(ctx, s.pool, f)
+func (s *store) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+	if priority && s.leaseConn != nil {
+		return s.leaseConn.use(ctx, s.pool, f)
 	}
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil {
@@ -68,19 +109,19 @@ const maxRetries = 10
 // dsync prepares is a single autocommit statement, so one that a deadlock
 // (1213) or a lock wait timeout (1205) rolled back may simply run again:
 // exec retries those, so they never reach a caller while a retry is safe.
-func (s *Session) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
+func (s *store) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
 	return s.execRetrying(ctx, stmt, maxRetries, args...)
 }
 
 // execRetrying is exec with at most lockWaits retries after a lock wait
 // timeout (see retryRolledBackN).
-func (s *Session) execRetrying(ctx context.Context, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+func (s *store) execRetrying(ctx context.Context, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	return s.execConn(ctx, false, stmt, lockWaits, args...)
 }
 
 // execConn is execRetrying on a connection for lease statements (priority)
 // or for lock statements.
-func (s *Session) execConn(ctx context.Context, priority bool, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+func (s *store) execConn(ctx context.Context, priority bool, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	var res sql.Result
 	err := s.withConn(ctx, priority, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, s.pool, int(stmt))
@@ -140,13 +181,13 @@ func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockW
 // Every statement that a waiter or TryLock writes a lock row with runs
 // this way, so that none of them holds a session connection while a
 // transaction runs.
-func (s *Session) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
+func (s *store) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
 	return s.execNoWaitN(ctx, plain, variant, noWaitLockWaits, args...)
 }
 
 // execNoWaitN is execNoWait with at most lockWaits retries after a lock
 // wait timeout.
-func (s *Session) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+func (s *store) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	for {
 		stmt := s.noWait(plain, variant)
 		res, err := s.execRetrying(ctx, stmt, lockWaits, args...)
@@ -159,7 +200,7 @@ func (s *Session) execNoWaitN(ctx context.Context, plain, variant stmtIndex, loc
 
 // execNoWaitChanged runs a statement as execNoWait does and reports whether
 // it changed a row.
-func (s *Session) execNoWaitChanged(ctx context.Context, plain, variant stmtIndex, args ...any) (bool, error) {
+func (s *store) execNoWaitChanged(ctx context.Context, plain, variant stmtIndex, args ...any) (bool, error) {
 	res, err := s.execNoWait(ctx, plain, variant, args...)
 	if err != nil {
 		return false, err
@@ -171,7 +212,7 @@ func (s *Session) execNoWaitChanged(ctx context.Context, plain, variant stmtInde
 // noWait returns the variant of stmt that does not wait for row locks
 // (SET STATEMENT innodb_lock_wait_timeout = 0, MariaDB's), or stmt itself
 // on a server that refused that syntax (MySQL; see noWaitRefused).
-func (s *Session) noWait(stmt, variant stmtIndex) stmtIndex {
+func (s *store) noWait(stmt, variant stmtIndex) stmtIndex {
 	if s.noWaitOff.Load() {
 		return stmt
 	}
@@ -180,7 +221,7 @@ func (s *Session) noWait(stmt, variant stmtIndex) stmtIndex {
 
 // noWaitRefused reports whether err is the server refusing the syntax of
 // the no-wait variants (1064), and then stops using them.
-func (s *Session) noWaitRefused(err error) bool {
+func (s *store) noWaitRefused(err error) bool {
 	if !isErrNo(err, errParse) {
 		return false
 	}
@@ -192,7 +233,7 @@ func (s *Session) noWaitRefused(err error) bool {
 
 // execChanged runs a prepared statement and reports whether it changed a
 // row.
-func (s *Session) execChanged(ctx context.Context, stmt stmtIndex, args ...any) (bool, error) {
+func (s *store) execChanged(ctx context.Context, stmt stmtIndex, args ...any) (bool, error) {
 	res, err := s.exec(ctx, stmt, args...)
 	if err != nil {
 		return false, err
@@ -203,7 +244,7 @@ func (s *Session) execChanged(ctx context.Context, stmt stmtIndex, args ...any) 
 
 // execOn runs a prepared statement on a connection of the session's own
 // keeping (not the pool's).
-func (s *Session) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
+func (s *store) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
 	st, err := c.Stmt(ctx, s.pool, int(stmt))
 	if err != nil {
 		return nil, err
@@ -212,7 +253,7 @@ func (s *Session) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, 
 }
 
 // execCount runs a prepared statement and returns RowsAffected.
-func (s *Session) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int64, error) {
+func (s *store) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int64, error) {
 	res, err := s.exec(ctx, stmt, args...)
 	if err != nil {
 		return 0, err
