@@ -17,7 +17,7 @@ func NewBackOff(s *Session) backoff.BackOff { return s.opts.newBackOff() }
 // ExpireLocally moves s's local renewal deadline to its origin, that is into
 // the past, without touching the keep-alive goroutine: what a process sees
 // after a pause (SIGSTOP, a VM pause) longer than its lease.
-func ExpireLocally(s *Session) { s.deadline.Store(0) }
+func ExpireLocally(s *Session) { s.lease.deadline.Store(0) }
 
 // WithSweep sets the free-row age and the sweep interval directly, below the
 // limits WithFreeRowAge enforces, so that tests see passes in milliseconds.

@@ -2,23 +2,106 @@ package dsync
 
 import (
 	"context"
+	crand "crypto/rand"
 	"database/sql"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
 
+// A lease is a session's lease row, as the session sees it: the local
+// deadline until which the lease is known to hold, and the keep-alive
+// goroutine that renews it. It runs its statements through the session's
+// store, and reports the lease lost through the lost func given by the
+// session; it never calls into the Session.
+type lease struct {
+	st     *store
+	ttl    time.Duration
+	stats  *counters    // the session's: renewals and failures are counted there
+	lost   func(error)  // ends the session as lost (Session.lose), with the cause
+	logger *slog.Logger // set by the session before keepAlive starts
+	id     int64        // the lease id; set by create
+
+	// origin is a reading of the monotonic clock; deadline (nanoseconds
+	// after origin) is when the lease could end on the server, less the
+	// safety margin. The session reports itself lost from then on, even
+	// when the keep-alive goroutine has not run (a paused process).
+	origin   time.Time
+	deadline atomic.Int64
+
+	exited chan struct{} // closed when the keep-alive goroutine returns
+}
+
+// newLease returns the lease of a session that runs its statements on st,
+// counts renewals in stats and is told of a loss through lost.
+func newLease(st *store, ttl time.Duration, stats *counters, lost func(error)) *lease {
+	return &lease{st: st, ttl: ttl, stats: stats, lost: lost, exited: make(chan struct{})}
+}
+
+// create inserts the lease row, with a new random id, on c (the connection
+// of the lease statements, which it leaves with the renewal prepared), and
+// sets the first deadline.
+func (l *lease) create(ctx context.Context, c *connpool.Conn, label string) error {
+	st, err := c.Stmt(ctx, l.st.pool, int(sLeaseInsert))
+	if err == nil {
+		_, err = c.Stmt(ctx, l.st.pool, int(sLeaseRenew)) // see acquirePool
+	}
+	if err != nil {
+		return fmt.Errorf("dsync: create lease: %w", err)
+	}
+	for attempt := 0; ; attempt++ {
+		id, err := randomID()
+		if err != nil {
+			return fmt.Errorf("dsync: create lease: %w", err)
+		}
+		// The lease can end no earlier than TTL after the insert is
+		// sent: the clock starts now, not before the statement was
+		// prepared or the connection opened.
+		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
+			l.origin = time.Now()
+			return st.ExecContext(ctx, id, label, l.ttl.Microseconds())
+		})
+		if err == nil {
+			l.id = id
+			l.deadline.Store(int64(l.ttl - l.safetyMargin()))
+			return nil
+		}
+		if !isErrNo(err, errDupEntry) || attempt == 9 || ctx.Err() != nil {
+			return fmt.Errorf("dsync: create lease: %w", err)
+		}
+	}
+}
+
+// randomID returns a random positive lease id: ids never repeat in
+// practice, even after the lease table was emptied or restored.
+func randomID() (int64, error) {
+	var b [8]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	return int64(binary.BigEndian.Uint64(b[:])>>1) | 1, nil
+}
+
+// deadlineTime returns the local deadline (see Session.Deadline).
+func (l *lease) deadlineTime() time.Time {
+	return l.origin.Add(time.Duration(l.deadline.Load()))
+}
+
 // pastDeadline reports whether the lease could have ended on the server.
-func (s *Session) pastDeadline() bool {
-	return time.Since(s.origin) >= time.Duration(s.deadline.Load())
+func (l *lease) pastDeadline() bool {
+	return time.Since(l.origin) >= time.Duration(l.deadline.Load())
 }
 
 // safetyMargin is how long before the lease could end on the server the
 // session gives up on it: room for timer and scheduling delays and for the
 // two clocks running at slightly different rates.
-func (s *Session) safetyMargin() time.Duration { return s.opts.ttl / 5 }
+func (l *lease) safetyMargin() time.Duration { return l.ttl / 5 }
 
 // renewEvery is how often the lease is renewed: every TTL/3, and at least
 // every maxRenewEvery. The session gives up on its lease TTL-TTL/5 after the
@@ -26,55 +109,55 @@ func (s *Session) safetyMargin() time.Duration { return s.opts.ttl / 5 }
 // statement waiting, as all commits of a Galera cluster do for about 6s
 // until a crashed node is evicted) loses no session when it is shorter
 // than 0.8*TTL - renewEvery: 10s for the default TTL of 15s.
-func (s *Session) renewEvery() time.Duration { return min(s.opts.ttl/3, maxRenewEvery) }
+func (l *lease) renewEvery() time.Duration { return min(l.ttl/3, maxRenewEvery) }
 
 // maxRenewEvery bounds the renewal period of long TTLs (see renewEvery).
 const maxRenewEvery = 2 * time.Second
 
-// keepAlive renews the lease every renewEvery. A renewal sent at local time t
+// keepAlive renews the lease every renewEvery, until stopped ends. A renewal sent at local time t
 // makes the lease end no earlier than t+TTL on the server (the server reads
 // its clock after receiving it), so until t+TTL-margin no other session can
 // take this session's locks. Failed renewals are retried until that local
 // deadline; past it the session is lost.
-func (s *Session) keepAlive() {
-	defer close(s.renewer)
-	ttl := s.opts.ttl
-	lastSent := s.origin
-	every := s.renewEvery()
+func (l *lease) keepAlive(stopped context.Context) {
+	defer close(l.exited)
+	ttl := l.ttl
+	lastSent := l.origin
+	every := l.renewEvery()
 	timer := time.NewTimer(max(time.Until(lastSent.Add(every)), 0))
 	defer timer.Stop()
 	failures := 0 // renewals failed in a row
 	for {
 		select {
-		case <-s.stopped.Done():
+		case <-stopped.Done():
 			return
 		case <-timer.C:
 		}
-		deadline := s.origin.Add(time.Duration(s.deadline.Load()))
+		deadline := l.deadlineTime()
 		if !time.Now().Before(deadline) {
-			s.lose(errors.New("renewal deadline passed"))
+			l.lost(errors.New("renewal deadline passed"))
 			return
 		}
-		ctx, cancel := context.WithDeadline(s.stopped, deadline)
-		sent, err := s.renew(ctx)
+		ctx, cancel := context.WithDeadline(stopped, deadline)
+		sent, err := l.renew(ctx)
 		cancel()
 		switch {
 		case err == nil:
-			s.stats.renewals.Add(1)
+			l.stats.renewals.Add(1)
 			failures = 0
 			lastSent = sent
-			s.deadline.Store(int64(sent.Sub(s.origin) + ttl - s.safetyMargin()))
+			l.deadline.Store(int64(sent.Sub(l.origin) + ttl - l.safetyMargin()))
 			timer.Reset(max(time.Until(lastSent.Add(every)), 0))
 		case errors.Is(err, errLeaseEnded):
-			s.stats.renewalFailures.Add(1)
-			s.lose(err)
+			l.stats.renewalFailures.Add(1)
+			l.lost(err)
 			return
-		case s.stopped.Err() != nil:
+		case stopped.Err() != nil:
 			return
 		default:
-			s.stats.renewalFailures.Add(1)
+			l.stats.renewalFailures.Add(1)
 			failures++
-			s.logger.Warn("dsync: lease renewal failed; retrying", "err", err, "attempt", failures,
+			l.logger.Warn("dsync: lease renewal failed; retrying", "err", err, "attempt", failures,
 				"deadline_in", time.Until(deadline))
 			timer.Reset(min(ttl/10, max(time.Until(deadline), 0)))
 		}
@@ -86,15 +169,15 @@ var errLeaseEnded = errors.New("lease ended on the server")
 // renew extends the lease once, on the connection of the lease statements
 // (see leaseConn), and returns when the renewal was sent: the lease lasts
 // at least TTL from then.
-func (s *Session) renew(ctx context.Context) (sent time.Time, err error) {
-	err = s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.pool, int(sLeaseRenew))
+func (l *lease) renew(ctx context.Context) (sent time.Time, err error) {
+	err = l.st.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, l.st.pool, int(sLeaseRenew))
 		if err != nil {
 			return err
 		}
 		res, err := retryRolledBack(ctx, func() (sql.Result, error) {
 			sent = time.Now()
-			return st.ExecContext(ctx, s.opts.ttl.Microseconds(), s.id)
+			return st.ExecContext(ctx, l.ttl.Microseconds(), l.id)
 		})
 		if err != nil {
 			return err

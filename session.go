@@ -2,9 +2,7 @@ package dsync
 
 import (
 	"context"
-	crand "crypto/rand"
 	"database/sql"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -61,19 +59,13 @@ type Session struct {
 	id     int64 // lease id, the holder column of the lock rows it holds
 	logger *slog.Logger
 
-	// origin is a reading of the monotonic clock; deadline (nanoseconds
-	// after origin) is when the lease could end on the server, less the
-	// safety margin. Err reports the session lost from then on, even when
-	// the keep-alive goroutine has not run (a paused process).
-	origin   time.Time
-	deadline atomic.Int64
+	lease *lease // the lease row: its keep-alive and local deadline
 
 	lastToken atomic.Int64  // last acquisition token handed out
 	acquiring atomic.Int64  // goroutines in a database acquisition (see localLock)
 	done      chan struct{} // closed when err is set
 	stop      context.CancelFunc
 	stopped   context.Context // ends when Close starts or the session is lost
-	renewer   chan struct{}   // closed when the keep-alive goroutine returns
 	reaper    chan struct{}   // closed when the reaper goroutine returns
 	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
 	sweeps    atomic.Int64    // sweep passes this session has run
@@ -134,13 +126,13 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		opts:    o,
 		logger:  o.logger,
 		done:    make(chan struct{}),
-		renewer: make(chan struct{}),
 		reaper:  make(chan struct{}),
 		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
 			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
+	s.lease = newLease(st, o.ttl, &s.stats, s.lose)
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	st.stopped, st.ended = s.stopped, s.Err
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -155,7 +147,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	}
 	s.logger = s.logger.With("session", s.id) // every record names its session
 	st.logger = s.logger
-	go s.keepAlive()
+	s.lease.logger = s.logger
+	go s.lease.keepAlive(s.stopped)
 	go s.reap()
 	go s.sweepLoop()
 	return s, nil
@@ -176,45 +169,12 @@ func (s *Session) start(ctx context.Context) error {
 		} else if err != nil {
 			return fmt.Errorf("dsync: prepare tables: %w", err)
 		}
-		st, err := c.Stmt(ctx, s.pool, int(sLeaseInsert))
-		if err == nil {
-			_, err = c.Stmt(ctx, s.pool, int(sLeaseRenew)) // see acquirePool
+		if err := s.lease.create(ctx, c, s.opts.label); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("dsync: create lease: %w", err)
-		}
-		for attempt := 0; ; attempt++ {
-			id, err := randomID()
-			if err != nil {
-				return fmt.Errorf("dsync: create lease: %w", err)
-			}
-			// The lease can end no earlier than TTL after the insert is
-			// sent: the clock starts now, not before the statement was
-			// prepared or the connection opened.
-			_, err = retryRolledBack(ctx, func() (sql.Result, error) {
-				s.origin = time.Now()
-				return st.ExecContext(ctx, id, s.opts.label, s.opts.ttl.Microseconds())
-			})
-			if err == nil {
-				s.id = id
-				s.deadline.Store(int64(s.opts.ttl - s.safetyMargin()))
-				return nil
-			}
-			if !isErrNo(err, errDupEntry) || attempt == 9 || ctx.Err() != nil {
-				return fmt.Errorf("dsync: create lease: %w", err)
-			}
-		}
+		s.id = s.lease.id
+		return nil
 	})
-}
-
-// randomID returns a random positive lease id: ids never repeat in
-// practice, even after the lease table was emptied or restored.
-func randomID() (int64, error) {
-	var b [8]byte
-	if _, err := crand.Read(b[:]); err != nil {
-		return 0, err
-	}
-	return int64(binary.BigEndian.Uint64(b[:])>>1) | 1, nil
 }
 
 // ID returns the session's lease id, the value of the holder column of the
@@ -236,7 +196,7 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 // closes then. It has a monotonic clock reading, so [time.Until] of it is
 // exact. Once the session has ended it no longer moves.
 func (s *Session) Deadline() time.Time {
-	return s.origin.Add(time.Duration(s.deadline.Load()))
+	return s.lease.deadlineTime()
 }
 
 // Err returns nil while the session is live, [ErrSessionExpired] once its
@@ -248,7 +208,7 @@ func (s *Session) Err() error {
 	s.mu.Lock()
 	err := s.err
 	s.mu.Unlock()
-	if err == nil && s.pastDeadline() {
+	if err == nil && s.lease.pastDeadline() {
 		s.lose(errors.New("renewal deadline passed"))
 		return s.Err()
 	}
@@ -307,7 +267,7 @@ func (s *Session) Close() error {
 	s.mu.Unlock()
 	lost := !s.end(ErrSessionClosed, nil)
 	s.stop()
-	<-s.renewer
+	<-s.lease.exited
 	<-s.reaper
 	s.stopTxHolds()
 	s.stopBell()
