@@ -54,7 +54,7 @@ import (
 // would hand it a lock another holder may have had, and written under,
 // since its REPEATABLE READ snapshot was taken. The process remembers the
 // holds it took in a transaction for as long as the *sql.Tx lives
-// (txRecords), not only while the hold lasts.
+// (txHolds.remember), not only while the hold lasts.
 
 // LockTx acquires the lock for the caller's transaction tx: the lock is
 // held until tx commits or rolls back, so what tx writes and the lock's
@@ -166,7 +166,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	if rec, again := txRecordOf(m.s, tx, m.name); again {
+	if rec, again := m.s.txHolds.record(tx, m.name); again {
 		err := m.txHeld(ctx, tx, q, rec)
 		return err == nil, err
 	}
@@ -237,7 +237,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		m.s.locks.unref(m.name)
 		return false, ErrSessionClosed
 	}
-	rememberTx(m.s, tx, m.name, txRecord{token: token, fence: fence})
+	m.s.txHolds.remember(tx, m.name, txRecord{token: token, fence: fence})
 	m.s.armBell()
 	return true, nil // the reference from ref now belongs to the hold
 }
@@ -275,35 +275,45 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 // hold's acquisition token and fence, which its mark carries (qTxHold).
 type txRecord struct{ token, fence int64 }
 
-// txKey names the holds of one name that one session took in one
-// transaction. Its pointers are weak: a record keeps neither the session
-// nor the transaction alive.
+// txHolds is what a session keeps of its LockTx holds: the goroutines
+// that wait for their transactions to end (see awaitTxEnd), the idle
+// connections of those goroutines, and the records of the holds it took
+// in each transaction. It has a mutex of its own.
+type txHolds struct {
+	wg      sync.WaitGroup // goroutines waiting for a LockTx hold's transaction to end
+	mu      sync.Mutex
+	closed  bool             // guarded by mu; no new such goroutine starts
+	conns   []*connpool.Conn // guarded by mu; idle connections of those goroutines
+	records *sync.Map        // txKey to txRecord; see remember
+}
+
+func newTxHolds() *txHolds { return &txHolds{records: new(sync.Map)} }
+
+// txKey names the holds of one name that the session took in one
+// transaction. Its pointer is weak: a record does not keep the
+// transaction alive.
 type txKey struct {
-	s    weak.Pointer[Session]
 	tx   weak.Pointer[sql.Tx]
 	name string
 }
 
-// txRecords holds the txRecord of every LockTx hold taken in this process,
-// by txKey, for as long as its *sql.Tx lives (a cleanup deletes it once
-// the garbage collector frees the *sql.Tx), not only while the hold lasts:
-// a LockTx again in the transaction must learn that its hold has ended
-// however long ago that was, and the process cannot see when a *sql.Tx is
-// done with.
-var txRecords sync.Map
-
-// rememberTx records the hold rec of name that s took in tx.
-func rememberTx(s *Session, tx *sql.Tx, name string, rec txRecord) {
-	k := txKey{s: weak.Make(s), tx: weak.Make(tx), name: name}
-	if _, loaded := txRecords.Swap(k, rec); !loaded {
-		runtime.AddCleanup(tx, func(k txKey) { txRecords.Delete(k) }, k)
+// remember records the hold rec of name taken in tx, for as long as tx
+// lives (a cleanup deletes it once the garbage collector frees the
+// *sql.Tx), not only while the hold lasts: a LockTx again in the
+// transaction must learn that its hold has ended however long ago that
+// was, and the process cannot see when a *sql.Tx is done with. The
+// cleanup holds the records map alone, not the session.
+func (h *txHolds) remember(tx *sql.Tx, name string, rec txRecord) {
+	k := txKey{tx: weak.Make(tx), name: name}
+	records := h.records
+	if _, loaded := records.Swap(k, rec); !loaded {
+		runtime.AddCleanup(tx, func(k txKey) { records.Delete(k) }, k)
 	}
 }
 
-// txRecordOf returns the record of the hold of name that s took in tx, if
-// any.
-func txRecordOf(s *Session, tx *sql.Tx, name string) (txRecord, bool) {
-	v, ok := txRecords.Load(txKey{s: weak.Make(s), tx: weak.Make(tx), name: name})
+// record returns the record of the hold of name taken in tx, if any.
+func (h *txHolds) record(tx *sql.Tx, name string) (txRecord, bool) {
+	v, ok := h.records.Load(txKey{tx: weak.Make(tx), name: name})
 	if !ok {
 		return txRecord{}, false
 	}
@@ -393,25 +403,26 @@ func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
 // fence, held in l) when its transaction ends. It reports false, starting
 // nothing, once Close has begun.
 func (s *Session) watchTx(l *localLock, name string, token, fence int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.txClosed {
+	h := s.txHolds
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
 		return false
 	}
-	s.txHolds.Add(1)
+	h.wg.Add(1)
 	go s.awaitTxEnd(l, name, token, fence)
 	return true
 }
 
-// stopTxHolds waits for the goroutines of LockTx holds, which end with the
+// stop waits for the goroutines of LockTx holds, which end with the
 // session (the holds do not: each lasts until its transaction ends), and
 // closes their idle connections.
-func (s *Session) stopTxHolds() {
-	s.mu.Lock()
-	s.txClosed = true
-	s.mu.Unlock()
-	s.txHolds.Wait()
-	s.closeTxConns()
+func (h *txHolds) stop() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.wg.Wait()
+	h.closeIdle()
 }
 
 // txIdleConns is how many connections of ended LockTx holds a session
@@ -437,11 +448,11 @@ const txPollMax = 500 * time.Millisecond
 // ends first, the hold ends in the process only; the transaction keeps the
 // row until it ends, and the lease's end frees it after a rollback.
 func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
-	defer s.txHolds.Done()
+	defer s.txHolds.wg.Done()
 	ctx := s.stopped
 	var c *connpool.Conn
 	if s.bell.allowed {
-		c = s.txConn()
+		c = s.txHolds.idleConn()
 	}
 	ended := false
 	pause := time.Millisecond
@@ -491,37 +502,38 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 	if c == nil {
 		return
 	}
-	s.mu.Lock()
-	if ended && len(s.txConns) < txIdleConns && !s.txClosed && s.stopped.Err() == nil {
-		s.txConns = append(s.txConns, c)
+	h := s.txHolds
+	h.mu.Lock()
+	if ended && len(h.conns) < txIdleConns && !h.closed && s.stopped.Err() == nil {
+		h.conns = append(h.conns, c)
 		c = nil
 	}
-	s.mu.Unlock()
+	h.mu.Unlock()
 	if c != nil {
 		c.Close()
 	}
 }
 
-// txConn returns an idle connection of an ended LockTx hold, or nil.
-func (s *Session) txConn() *connpool.Conn {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := len(s.txConns)
+// idleConn returns an idle connection of an ended LockTx hold, or nil.
+func (h *txHolds) idleConn() *connpool.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.conns)
 	if n == 0 {
 		return nil
 	}
-	c := s.txConns[n-1]
-	s.txConns = s.txConns[:n-1]
+	c := h.conns[n-1]
+	h.conns = h.conns[:n-1]
 	return c
 }
 
-// closeTxConns closes the idle connections of ended LockTx holds. Once the
+// closeIdle closes the idle connections of ended LockTx holds. Once the
 // session has stopped, awaitTxEnd keeps no more of them.
-func (s *Session) closeTxConns() {
-	s.mu.Lock()
-	idle := s.txConns
-	s.txConns = nil
-	s.mu.Unlock()
+func (h *txHolds) closeIdle() {
+	h.mu.Lock()
+	idle := h.conns
+	h.conns = nil
+	h.mu.Unlock()
 	for _, c := range idle {
 		c.Close()
 	}

@@ -82,10 +82,8 @@ type Session struct {
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
 
-	txq      atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see locktx.go)
-	txHolds  sync.WaitGroup            // goroutines waiting for a LockTx hold's transaction to end
-	txClosed bool                      // guarded by mu; no new such goroutine starts
-	txConns  []*connpool.Conn          // guarded by mu; idle connections of those goroutines
+	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see locktx.go)
+	txHolds *txHolds                  // LockTx's goroutines, connections and records (see locktx.go)
 }
 
 // NewSession creates the tables if they are missing (safe when many
@@ -129,6 +127,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		reaper:  make(chan struct{}),
 		sweeper: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
+		txHolds: newTxHolds(),
 		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
 			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
@@ -246,7 +245,7 @@ func (s *Session) lose(cause error) {
 		s.stop()
 		s.leaseConn.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
-		s.closeTxConns()
+		s.txHolds.closeIdle()
 		s.releasePool()
 	}
 }
@@ -269,7 +268,7 @@ func (s *Session) Close() error {
 	s.stop()
 	<-s.lease.exited
 	<-s.reaper
-	s.stopTxHolds()
+	s.txHolds.stop()
 	s.stopBell()
 	<-s.sweeper
 	defer s.releasePool()
