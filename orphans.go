@@ -2,7 +2,9 @@ package dsync
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
@@ -49,25 +51,66 @@ func closingCtx(ctx context.Context) context.Context {
 	return context.WithValue(ctx, closingKey{}, true)
 }
 
-// addOrphan records a lock row or ticket to free in the background and
-// wakes the reaper.
-func (s *Session) addOrphan(o orphan) {
+// A reaper frees a session's orphans in the background, by the session's
+// free (given when made, as it is the lock kinds' release), and purges
+// long-ended leases now and then. It runs its statements through the
+// session's store, and never calls into the Session otherwise.
+type reaper struct {
+	st     *store
+	ttl    time.Duration
+	free   func(context.Context, orphan) (bool, error) // Session.free
+	logger *slog.Logger                                // set by the session before reap starts
+	kick   chan struct{}                               // a value: there are orphans to free now
+	exited chan struct{}                               // closed when reap returns
+
+	mu      sync.Mutex
+	orphans []orphan // guarded by mu; rows to free in the background
+	freeing int      // guarded by mu; orphans taken out of orphans by freeAll, being freed
+}
+
+func newReaper(st *store, ttl time.Duration, free func(context.Context, orphan) (bool, error)) *reaper {
+	return &reaper{st: st, ttl: ttl, free: free, kick: make(chan struct{}, 1), exited: make(chan struct{})}
+}
+
+// add records a lock row or ticket to free in the background and wakes
+// the reaper.
+func (r *reaper) add(o orphan) {
 	o.since = time.Now()
-	s.mu.Lock()
-	s.orphans = append(s.orphans, o)
-	s.mu.Unlock()
+	r.mu.Lock()
+	r.orphans = append(r.orphans, o)
+	r.mu.Unlock()
 	select {
-	case s.kick <- struct{}{}:
+	case r.kick <- struct{}{}:
 	default:
 	}
 }
 
+// pending returns the orphans not freed yet (those being freed right now
+// are out of the list).
+func (r *reaper) pending() []orphan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]orphan(nil), r.orphans...)
+}
+
+// count returns how many orphans are left to free, those being freed
+// right now included.
+func (r *reaper) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.orphans) + r.freeing
+}
+
+// addOrphan records a lock row or ticket to free in the background (see
+// reaper.add).
+func (s *Session) addOrphan(o orphan) { s.reaper.add(o) }
+
 // reap frees orphans as soon as they are recorded (and retries every
 // TTL/3), and purges long-ended leases now and then. It runs beside the
 // keep-alive goroutine so that nothing it does can delay a renewal.
-func (s *Session) reap() {
-	defer close(s.reaper)
-	retry := time.NewTicker(s.opts.ttl / 3)
+func (r *reaper) reap() {
+	defer close(r.exited)
+	retry := time.NewTicker(r.ttl / 3)
 	defer retry.Stop()
 	// The first purge comes at a random moment of the first minute, so that
 	// sessions starting together do not purge together.
@@ -75,23 +118,24 @@ func (s *Session) reap() {
 	defer purge.Stop()
 	for {
 		select {
-		case <-s.stopped.Done():
+		case <-r.st.stopped.Done():
 			return
-		case <-s.kick:
+		case <-r.kick:
 		case <-retry.C:
 		case <-purge.C:
-			s.purge()
+			r.purge()
 			purge.Reset(purgeEvery)
 			continue
 		}
-		s.freeOrphans()
+		r.freeAll()
 	}
 }
 
 // purge deletes leases that ended over an hour ago and tickets of deleted
 // leases; a failure is only logged.
-func (s *Session) purge() {
-	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+func (r *reaper) purge() {
+	s := r.st
+	ctx, cancel := context.WithTimeout(s.stopped, r.ttl)
 	defer cancel()
 	type ticket struct {
 		name        string
@@ -131,38 +175,38 @@ func (s *Session) purge() {
 	}
 }
 
-// freeOrphans tries once to free every orphaned row or ticket.
-func (s *Session) freeOrphans() {
-	s.mu.Lock()
-	todo := s.orphans
-	s.orphans = nil
-	s.freeing = len(todo)
-	s.mu.Unlock()
+// freeAll tries once to free every orphaned row or ticket.
+func (r *reaper) freeAll() {
+	r.mu.Lock()
+	todo := r.orphans
+	r.orphans = nil
+	r.freeing = len(todo)
+	r.mu.Unlock()
 	var keep []orphan
 	for i, o := range todo {
-		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl/3)
-		freed, err := s.free(ctx, o)
+		ctx, cancel := context.WithTimeout(r.st.stopped, r.ttl/3)
+		freed, err := r.free(ctx, o)
 		cancel()
 		switch {
 		case err != nil:
 			keep = append(keep, todo[i:]...)
 		case freed:
-			s.logger.Info("dsync: orphan freed", "lock", o.name, "kind", o.kind(), "token", o.token,
+			r.logger.Info("dsync: orphan freed", "lock", o.name, "kind", o.kind(), "token", o.token,
 				"age", time.Since(o.since))
 		case time.Since(o.since) < orphanWindow:
 			keep = append(keep, o)
 		default:
-			s.logger.Debug("dsync: orphan not found; given up", "lock", o.name, "kind", o.kind(), "token", o.token,
+			r.logger.Debug("dsync: orphan not found; given up", "lock", o.name, "kind", o.kind(), "token", o.token,
 				"age", time.Since(o.since))
 		}
 		if err != nil {
 			break
 		}
 	}
-	s.mu.Lock()
-	s.orphans = append(s.orphans, keep...)
-	s.freeing = 0
-	s.mu.Unlock()
+	r.mu.Lock()
+	r.orphans = append(r.orphans, keep...)
+	r.freeing = 0
+	r.mu.Unlock()
 }
 
 // knownHolds lists the lock rows and tickets the session holds or may hold:
@@ -170,7 +214,7 @@ func (s *Session) freeOrphans() {
 func (s *Session) knownHolds() []orphan {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	holds := append([]orphan(nil), s.orphans...)
+	holds := s.reaper.pending()
 	for name, e := range s.locks.entries {
 		e.state.mu.Lock()
 		if e.state.held && e.state.tx == nil { // a LockTx hold ends with its transaction

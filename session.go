@@ -66,10 +66,9 @@ type Session struct {
 	done      chan struct{} // closed when err is set
 	stop      context.CancelFunc
 	stopped   context.Context // ends when Close starts or the session is lost
-	reaper    chan struct{}   // closed when the reaper goroutine returns
+	reaper    *reaper         // frees orphans in the background (see orphans.go)
 	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
 	sweeps    atomic.Int64    // sweep passes this session has run
-	kick      chan struct{}   // a value: the reaper has orphans to free now
 	stats     counters        // see Stats
 
 	mu      sync.Mutex
@@ -77,8 +76,6 @@ type Session struct {
 	closed  bool                 // guarded by mu; Close was called
 	locks   registry[localLock]  // in-process state of the Mutex names in use
 	queues  registry[localQueue] // the same for FairMutex and RWMutex names
-	orphans []orphan             // guarded by mu; rows to free in the background
-	freeing int                  // guarded by mu; orphans taken out of orphans by freeOrphans, being freed
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
 
@@ -124,14 +121,13 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		opts:    o,
 		logger:  o.logger,
 		done:    make(chan struct{}),
-		reaper:  make(chan struct{}),
 		sweeper: make(chan struct{}),
-		kick:    make(chan struct{}, 1),
 		txHolds: newTxHolds(),
 		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
 			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
 	s.lease = newLease(st, o.ttl, &s.stats, s.lose)
+	s.reaper = newReaper(st, o.ttl, s.free)
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	st.stopped, st.ended = s.stopped, s.Err
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -148,7 +144,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	st.logger = s.logger
 	s.lease.logger = s.logger
 	go s.lease.keepAlive(s.stopped)
-	go s.reap()
+	s.reaper.logger = s.logger
+	go s.reaper.reap()
 	go s.sweepLoop()
 	return s, nil
 }
@@ -267,7 +264,7 @@ func (s *Session) Close() error {
 	lost := !s.end(ErrSessionClosed, nil)
 	s.stop()
 	<-s.lease.exited
-	<-s.reaper
+	<-s.reaper.exited
 	s.txHolds.stop()
 	s.stopBell()
 	<-s.sweeper
