@@ -26,13 +26,13 @@ func WithSweep(age, every time.Duration) Option {
 }
 
 // SweepPasses returns how many sweep passes s has been elected to run.
-func SweepPasses(s *Session) int64 { return s.sweeps.Load() }
+func SweepPasses(s *Session) int64 { return s.sweeper.passes.Load() }
 
 // SweepPass runs one sweep pass on s at once, deleting the rows marked at
 // least age ago, and returns how many rows it deleted and marked. Give s
 // WithFreeRowAge(0), so that its own sweeper does not run beside it.
 func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
-	return s.sweep(time.Hour, age)
+	return s.sweeper.sweep(time.Hour, age)
 }
 
 // SchemaVersion is the version of the tables this code reads and writes.

@@ -67,8 +67,7 @@ type Session struct {
 	stop      context.CancelFunc
 	stopped   context.Context // ends when Close starts or the session is lost
 	reaper    *reaper         // frees orphans in the background (see orphans.go)
-	sweeper   chan struct{}   // closed when the sweeper goroutine returns (see sweep.go)
-	sweeps    atomic.Int64    // sweep passes this session has run
+	sweeper   *sweeper        // the clean-up of free rows (see sweep.go)
 	stats     counters        // see Stats
 
 	mu      sync.Mutex
@@ -121,13 +120,13 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		opts:    o,
 		logger:  o.logger,
 		done:    make(chan struct{}),
-		sweeper: make(chan struct{}),
 		txHolds: newTxHolds(),
 		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
 			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
 	s.lease = newLease(st, o.ttl, &s.stats, s.lose)
 	s.reaper = newReaper(st, o.ttl, s.free)
+	s.sweeper = newSweeper(st, &o)
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	st.stopped, st.ended = s.stopped, s.Err
 	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
@@ -146,7 +145,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	go s.lease.keepAlive(s.stopped)
 	s.reaper.logger = s.logger
 	go s.reaper.reap()
-	go s.sweepLoop()
+	s.sweeper.id = s.id
+	go s.sweeper.run()
 	return s, nil
 }
 
@@ -267,7 +267,7 @@ func (s *Session) Close() error {
 	<-s.reaper.exited
 	s.txHolds.stop()
 	s.stopBell()
-	<-s.sweeper
+	<-s.sweeper.exited
 	defer s.releasePool()
 	defer s.leaseConn.close()
 	if lost {
