@@ -106,9 +106,9 @@ func (l *lease) safetyMargin() time.Duration { return l.ttl / 5 }
 // renewEvery is how often the lease is renewed: every TTL/3, and at least
 // every maxRenewEvery. The session gives up on its lease TTL-TTL/5 after the
 // last renewal that succeeded was sent, so a stall of the database (every
-// statement waiting, as all commits of a Galera cluster do for about 6s
-// until a crashed node is evicted) loses no session when it is shorter
-// than 0.8*TTL - renewEvery: 10s for the default TTL of 15s.
+// statement waiting, as all commits of a Galera cluster do until a crashed
+// node is evicted; see docs/CONSTANTS.md) loses no session when it is
+// shorter than 0.8*TTL - renewEvery: 10s for the default TTL of 15s.
 func (l *lease) renewEvery() time.Duration { return min(l.ttl/3, maxRenewEvery) }
 
 // maxRenewEvery bounds the renewal period of long TTLs (see renewEvery).
