@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -162,7 +163,7 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 }
 
 func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
-	q, err := m.s.txQueries(ctx)
+	q, err := m.s.txHolds.queries(ctx, m.s.store, m.s.opts.prefix)
 	if err != nil {
 		return false, err
 	}
@@ -282,9 +283,10 @@ type txRecord struct{ token, fence int64 }
 type txHolds struct {
 	wg      sync.WaitGroup // goroutines waiting for a LockTx hold's transaction to end
 	mu      sync.Mutex
-	closed  bool             // guarded by mu; no new such goroutine starts
-	conns   []*connpool.Conn // guarded by mu; idle connections of those goroutines
-	records *sync.Map        // txKey to txRecord; see remember
+	closed  bool                      // guarded by mu; no new such goroutine starts
+	conns   []*connpool.Conn          // guarded by mu; idle connections of those goroutines
+	records *sync.Map                 // txKey to txRecord; see remember
+	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
 }
 
 func newTxHolds() *txHolds { return &txHolds{records: new(sync.Map)} }
@@ -368,23 +370,23 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 	}
 }
 
-// txQueries returns LockTx's statements, made at its first use from what
-// the session's connections say about the server (qTxSession).
-func (s *Session) txQueries(ctx context.Context) (*txQueries, error) {
-	if q := s.txq.Load(); q != nil {
+// queries returns LockTx's statements, made at its first use from what
+// the session's connections (st) say about the server (qTxSession).
+func (h *txHolds) queries(ctx context.Context, st *store, prefix string) (*txQueries, error) {
+	if q := h.txq.Load(); q != nil {
 		return q, nil
 	}
 	var database sql.NullString
 	var rollback bool
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+	err := st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		return c.QueryRowContext(ctx, qTxSession).Scan(&database, &rollback)
 	})
 	if err != nil {
 		return nil, err
 	}
-	q := newTxQueries(database.String, s.opts.prefix)
+	q := newTxQueries(database.String, prefix)
 	q.rollbackOnTimeout = rollback
-	s.txq.Store(q)
+	h.txq.Store(q)
 	return q, nil
 }
 

@@ -3,7 +3,9 @@ package dsync
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -115,6 +117,29 @@ func defaultBackOff() backoff.BackOff {
 	b.MaxElapsedTime = 0
 	b.Reset() // NewExponentialBackOff has reset itself with its own defaults
 	return b
+}
+
+// newOptions returns the defaults with opts applied, validated.
+func newOptions(opts []Option) (options, error) {
+	host, _ := os.Hostname()
+	o := options{
+		ttl:        DefaultTTL,
+		prefix:     DefaultTablePrefix,
+		newBackOff: defaultBackOff,
+		logger:     slog.New(slog.DiscardHandler),
+		label:      host + ":" + strconv.Itoa(os.Getpid()),
+		freeRowAge: DefaultFreeRowAge,
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return options{}, fmt.Errorf("%w: nil Option", ErrInvalidOption)
+		}
+		opt(&o)
+	}
+	if err := o.validate(); err != nil {
+		return options{}, err
+	}
+	return o, nil
 }
 
 func (o *options) validate() error {

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,8 +76,7 @@ type Session struct {
 	bell    doorbell             // this session's doorbell (see bell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
 
-	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see locktx.go)
-	txHolds *txHolds                  // LockTx's goroutines, connections and records (see locktx.go)
+	txHolds *txHolds // LockTx's goroutines, connections and records (see locktx.go)
 }
 
 // NewSession creates the tables if they are missing (safe when many
@@ -92,22 +89,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", ErrInvalidOption)
 	}
-	host, _ := os.Hostname()
-	o := options{
-		ttl:        DefaultTTL,
-		prefix:     DefaultTablePrefix,
-		newBackOff: defaultBackOff,
-		logger:     slog.New(slog.DiscardHandler),
-		label:      host + ":" + strconv.Itoa(os.Getpid()),
-		freeRowAge: DefaultFreeRowAge,
-	}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil Option", ErrInvalidOption)
-		}
-		opt(&o)
-	}
-	if err := o.validate(); err != nil {
+	o, err := newOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	q := newQueries(o.prefix)
