@@ -44,6 +44,25 @@ func newLease(st *store, ttl time.Duration, stats *counters, lost func(error)) *
 	return &lease{st: st, ttl: ttl, stats: stats, lost: lost, exited: make(chan struct{})}
 }
 
+// start creates the missing tables, then the lease row (see create), on
+// the connection of the lease statements, which it leaves with the renewal
+// prepared, and sets the first deadline.
+func (l *lease) start(ctx context.Context, label string) error {
+	return l.st.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
+		// On a Galera cluster the DDL of sessions creating the tables at
+		// once, and the version record, can meet as certification
+		// conflicts (1213), which roll a statement back: all of it runs
+		// again, and finds what the others created.
+		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, createTables(ctx, c, l.st.q) })
+		if errors.Is(err, ErrSchemaVersion) {
+			return err
+		} else if err != nil {
+			return fmt.Errorf("dsync: prepare tables: %w", err)
+		}
+		return l.create(ctx, c, label)
+	})
+}
+
 // create inserts the lease row, with a new random id, on c (the connection
 // of the lease statements, which it leaves with the renewal prepared), and
 // sets the first deadline.

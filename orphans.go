@@ -244,8 +244,13 @@ func (s *Session) knownHolds() []orphan {
 // cancel it there): unless the undo found and freed it, the reaper keeps
 // trying for orphanWindow.
 func (s *Session) undo(ctx context.Context, o orphan) {
-	if s.Err() != nil && !s.closing() {
-		return // lost: the lease ends on the server, and with it the hold
+	if s.Err() != nil {
+		s.mu.Lock()
+		closing := s.closed // Close was called
+		s.mu.Unlock()
+		if !closing {
+			return // lost: the lease ends on the server, and with it the hold
+		}
 	}
 	if ctx.Err() == nil {
 		if freed, err := s.free(ctx, o); err == nil && freed {
@@ -253,13 +258,6 @@ func (s *Session) undo(ctx context.Context, o orphan) {
 		}
 	}
 	s.addOrphan(o)
-}
-
-// closing reports whether Close was called.
-func (s *Session) closing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
 }
 
 // free releases the lock row or removes the ticket o names, if this

@@ -116,44 +116,20 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	s.queues = newRegistry(&s.mu, func() *localQueue {
 		return &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
 	})
-	if err := s.start(ctx); err != nil {
+	if err := s.lease.start(ctx, o.label); err != nil {
 		s.stop()
 		s.leaseConn.close()
 		s.releasePool()
 		return nil, err
 	}
+	s.id = s.lease.id
 	s.logger = s.logger.With("session", s.id) // every record names its session
-	st.logger = s.logger
-	s.lease.logger = s.logger
-	go s.lease.keepAlive(s.stopped)
-	s.reaper.logger = s.logger
-	go s.reaper.reap()
+	st.logger, s.lease.logger, s.reaper.logger = s.logger, s.logger, s.logger
 	s.sweeper.id = s.id
+	go s.lease.keepAlive(s.stopped)
+	go s.reaper.reap()
 	go s.sweeper.run()
 	return s, nil
-}
-
-// start creates the missing tables and the lease, on the connection of the
-// lease statements, which it leaves with the renewal prepared, and sets the
-// first deadline.
-func (s *Session) start(ctx context.Context) error {
-	return s.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
-		// On a Galera cluster the DDL of sessions creating the tables at
-		// once, and the version record, can meet as certification
-		// conflicts (1213), which roll a statement back: all of it runs
-		// again, and finds what the others created.
-		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, createTables(ctx, c, s.q) })
-		if errors.Is(err, ErrSchemaVersion) {
-			return err
-		} else if err != nil {
-			return fmt.Errorf("dsync: prepare tables: %w", err)
-		}
-		if err := s.lease.create(ctx, c, s.opts.label); err != nil {
-			return err
-		}
-		s.id = s.lease.id
-		return nil
-	})
 }
 
 // ID returns the session's lease id, the value of the holder column of the
