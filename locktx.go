@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -54,7 +55,7 @@ import (
 // would hand it a lock another holder may have had, and written under,
 // since its REPEATABLE READ snapshot was taken. The process remembers the
 // holds it took in a transaction for as long as the *sql.Tx lives
-// (txRecords), not only while the hold lasts.
+// (txHolds.remember), not only while the hold lasts.
 
 // LockTx acquires the lock for the caller's transaction tx: the lock is
 // held until tx commits or rolls back, so what tx writes and the lock's
@@ -162,11 +163,11 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 }
 
 func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
-	q, err := m.s.txQueries(ctx)
+	q, err := m.s.txHolds.queries(ctx, m.s.store, m.s.opts.prefix)
 	if err != nil {
 		return false, err
 	}
-	if rec, again := txRecordOf(m.s, tx, m.name); again {
+	if rec, again := m.s.txHolds.record(tx, m.name); again {
 		err := m.txHeld(ctx, tx, q, rec)
 		return err == nil, err
 	}
@@ -175,7 +176,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	// transactions of this process that lock names in opposite orders must
 	// meet in the database, which sees the deadlock. It is created outside
 	// tx.
-	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, 1062) {
+	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, errDupEntry) {
 		m.s.locks.unref(m.name)
 		return false, err
 	}
@@ -205,9 +206,9 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	switch {
 	case err == nil && n != 1:
 		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (tx is in no transaction, or on another server, or the session's lease ended)", ErrNotHeld)
-	case isErrNo(err, 1213):
+	case isErrNo(err, errDeadlock):
 		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
-	case isErrNo(err, 1193):
+	case isErrNo(err, errUnknownSystemVariable):
 		err = fmt.Errorf("%w: LockTx needs MariaDB (@@in_transaction): %w", errors.ErrUnsupported, err)
 	}
 	if err == nil {
@@ -237,7 +238,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		m.s.locks.unref(m.name)
 		return false, ErrSessionClosed
 	}
-	rememberTx(m.s, tx, m.name, txRecord{token: token, fence: fence})
+	m.s.txHolds.remember(tx, m.name, txRecord{token: token, fence: fence})
 	m.s.armBell()
 	return true, nil // the reference from ref now belongs to the hold
 }
@@ -275,35 +276,46 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 // hold's acquisition token and fence, which its mark carries (qTxHold).
 type txRecord struct{ token, fence int64 }
 
-// txKey names the holds of one name that one session took in one
-// transaction. Its pointers are weak: a record keeps neither the session
-// nor the transaction alive.
+// txHolds is what a session keeps of its LockTx holds: the goroutines
+// that wait for their transactions to end (see awaitTxEnd), the idle
+// connections of those goroutines, and the records of the holds it took
+// in each transaction. It has a mutex of its own.
+type txHolds struct {
+	wg      sync.WaitGroup // goroutines waiting for a LockTx hold's transaction to end
+	mu      sync.Mutex
+	closed  bool                      // guarded by mu; no new such goroutine starts
+	conns   []*connpool.Conn          // guarded by mu; idle connections of those goroutines
+	records *sync.Map                 // txKey to txRecord; see remember
+	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
+}
+
+func newTxHolds() *txHolds { return &txHolds{records: new(sync.Map)} }
+
+// txKey names the holds of one name that the session took in one
+// transaction. Its pointer is weak: a record does not keep the
+// transaction alive.
 type txKey struct {
-	s    weak.Pointer[Session]
 	tx   weak.Pointer[sql.Tx]
 	name string
 }
 
-// txRecords holds the txRecord of every LockTx hold taken in this process,
-// by txKey, for as long as its *sql.Tx lives (a cleanup deletes it once
-// the garbage collector frees the *sql.Tx), not only while the hold lasts:
-// a LockTx again in the transaction must learn that its hold has ended
-// however long ago that was, and the process cannot see when a *sql.Tx is
-// done with.
-var txRecords sync.Map
-
-// rememberTx records the hold rec of name that s took in tx.
-func rememberTx(s *Session, tx *sql.Tx, name string, rec txRecord) {
-	k := txKey{s: weak.Make(s), tx: weak.Make(tx), name: name}
-	if _, loaded := txRecords.Swap(k, rec); !loaded {
-		runtime.AddCleanup(tx, func(k txKey) { txRecords.Delete(k) }, k)
+// remember records the hold rec of name taken in tx, for as long as tx
+// lives (a cleanup deletes it once the garbage collector frees the
+// *sql.Tx), not only while the hold lasts: a LockTx again in the
+// transaction must learn that its hold has ended however long ago that
+// was, and the process cannot see when a *sql.Tx is done with. The
+// cleanup holds the records map alone, not the session.
+func (h *txHolds) remember(tx *sql.Tx, name string, rec txRecord) {
+	k := txKey{tx: weak.Make(tx), name: name}
+	records := h.records
+	if _, loaded := records.Swap(k, rec); !loaded {
+		runtime.AddCleanup(tx, func(k txKey) { records.Delete(k) }, k)
 	}
 }
 
-// txRecordOf returns the record of the hold of name that s took in tx, if
-// any.
-func txRecordOf(s *Session, tx *sql.Tx, name string) (txRecord, bool) {
-	v, ok := txRecords.Load(txKey{s: weak.Make(s), tx: weak.Make(tx), name: name})
+// record returns the record of the hold of name taken in tx, if any.
+func (h *txHolds) record(tx *sql.Tx, name string) (txRecord, bool) {
+	v, ok := h.records.Load(txKey{tx: weak.Make(tx), name: name})
 	if !ok {
 		return txRecord{}, false
 	}
@@ -336,11 +348,11 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 		switch {
 		case err == nil:
 			return true, nil
-		case isErrNo(err, 1213):
+		case isErrNo(err, errDeadlock):
 			return false, fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
 		case nowait && m.s.noWaitRefused(err):
 			return m.txLock(ctx, tx, q, wait) // without SET STATEMENT from now on
-		case !isErrNo(err, 1205) || ctx.Err() != nil:
+		case !isErrNo(err, errLockWaitTimeout) || ctx.Err() != nil:
 			return false, err
 		case !wait:
 			return false, nil // another transaction holds it
@@ -358,23 +370,23 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 	}
 }
 
-// txQueries returns LockTx's statements, made at its first use from what
-// the session's connections say about the server (qTxSession).
-func (s *Session) txQueries(ctx context.Context) (*txQueries, error) {
-	if q := s.txq.Load(); q != nil {
+// queries returns LockTx's statements, made at its first use from what
+// the session's connections (st) say about the server (qTxSession).
+func (h *txHolds) queries(ctx context.Context, st *store, prefix string) (*txQueries, error) {
+	if q := h.txq.Load(); q != nil {
 		return q, nil
 	}
 	var database sql.NullString
 	var rollback bool
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+	err := st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		return c.QueryRowContext(ctx, qTxSession).Scan(&database, &rollback)
 	})
 	if err != nil {
 		return nil, err
 	}
-	q := newTxQueries(database.String, s.opts.prefix)
+	q := newTxQueries(database.String, prefix)
 	q.rollbackOnTimeout = rollback
-	s.txq.Store(q)
+	h.txq.Store(q)
 	return q, nil
 }
 
@@ -393,25 +405,26 @@ func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
 // fence, held in l) when its transaction ends. It reports false, starting
 // nothing, once Close has begun.
 func (s *Session) watchTx(l *localLock, name string, token, fence int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.txClosed {
+	h := s.txHolds
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
 		return false
 	}
-	s.txHolds.Add(1)
+	h.wg.Add(1)
 	go s.awaitTxEnd(l, name, token, fence)
 	return true
 }
 
-// stopTxHolds waits for the goroutines of LockTx holds, which end with the
+// stop waits for the goroutines of LockTx holds, which end with the
 // session (the holds do not: each lasts until its transaction ends), and
 // closes their idle connections.
-func (s *Session) stopTxHolds() {
-	s.mu.Lock()
-	s.txClosed = true
-	s.mu.Unlock()
-	s.txHolds.Wait()
-	s.closeTxConns()
+func (h *txHolds) stop() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	h.wg.Wait()
+	h.closeIdle()
 }
 
 // txIdleConns is how many connections of ended LockTx holds a session
@@ -437,11 +450,11 @@ const txPollMax = 500 * time.Millisecond
 // ends first, the hold ends in the process only; the transaction keeps the
 // row until it ends, and the lease's end frees it after a rollback.
 func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
-	defer s.txHolds.Done()
+	defer s.txHolds.wg.Done()
 	ctx := s.stopped
 	var c *connpool.Conn
 	if s.bell.allowed {
-		c = s.txConn()
+		c = s.txHolds.idleConn()
 	}
 	ended := false
 	pause := time.Millisecond
@@ -460,9 +473,9 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		case err == nil:
 			ended = true
 			continue
-		case isErrNo(err, 1205) && c != nil:
+		case isErrNo(err, errLockWaitTimeout) && c != nil:
 			continue // the transaction still runs
-		case !isErrNo(err, 1205) && ctx.Err() == nil:
+		case !isErrNo(err, errLockWaitTimeout) && ctx.Err() == nil:
 			s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
 				"lock", name, "kind", kindMutex, "err", err)
 			if c != nil {
@@ -491,36 +504,39 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 	if c == nil {
 		return
 	}
-	s.mu.Lock()
-	if ended && len(s.txConns) < txIdleConns && !s.txClosed && s.stopped.Err() == nil {
-		s.txConns = append(s.txConns, c)
+	h := s.txHolds
+	h.mu.Lock()
+	if ended && len(h.conns) < txIdleConns && !h.closed && s.stopped.Err() == nil {
+		h.conns = append(h.conns, c)
 		c = nil
 	}
-	s.mu.Unlock()
+	h.mu.Unlock()
 	if c != nil {
 		c.Close()
 	}
 }
 
-// txConn returns an idle connection of an ended LockTx hold, or nil.
-func (s *Session) txConn() *connpool.Conn {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := len(s.txConns)
+// idleConn returns an idle connection of an ended LockTx hold, or nil.
+func (h *txHolds) idleConn() *connpool.Conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.conns)
 	if n == 0 {
 		return nil
 	}
-	c := s.txConns[n-1]
-	s.txConns = s.txConns[:n-1]
+	c := h.conns[n-1]
+	h.conns = h.conns[:n-1]
 	return c
 }
 
-// execOn runs a prepared statement on a connection of the session's own
-// keeping (not the pool's).
-func (s *Session) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
-	st, err := c.Stmt(ctx, s.pool, int(stmt))
-	if err != nil {
-		return nil, err
+// closeIdle closes the idle connections of ended LockTx holds. Once the
+// session has stopped, awaitTxEnd keeps no more of them.
+func (h *txHolds) closeIdle() {
+	h.mu.Lock()
+	idle := h.conns
+	h.conns = nil
+	h.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
 	}
-	return st.ExecContext(ctx, args...)
 }

@@ -69,7 +69,7 @@ func (s *Session) Stats() Stats {
 	if s.err != nil {
 		return st // ended: nothing held, nothing to free
 	}
-	st.Orphans = len(s.orphans) + s.freeing
+	st.Orphans = s.reaper.count()
 	for _, e := range s.locks.entries {
 		l := e.state
 		l.mu.Lock()

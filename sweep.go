@@ -5,9 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -21,6 +20,23 @@ import (
 // most one pass start per interval across all sessions of the tables; a
 // pass that runs longer than half an interval says so (qSweepHold), so
 // that no second pass starts beside it.
+
+// A sweeper runs a session's part in the clean-up of free rows: the
+// elections and the passes it wins. It runs its statements through the
+// session's store and never calls into the Session.
+type sweeper struct {
+	st     *store
+	id     int64         // the session's lease id, for the log records
+	ttl    time.Duration // bounds each statement
+	age    time.Duration // the free-row age; 0: no clean-up
+	every  time.Duration // the sweep interval (see sweepInterval)
+	passes atomic.Int64  // sweep passes this session has run
+	exited chan struct{} // closed when run returns
+}
+
+func newSweeper(st *store, o *options) *sweeper {
+	return &sweeper{st: st, ttl: o.ttl, age: o.freeRowAge, every: o.sweepInterval(), exited: make(chan struct{})}
+}
 
 // sweepBatch is how many names a batch of a sweep pass covers: the most
 // rows one of its statements locks, and so the longest a lock statement
@@ -60,29 +76,29 @@ var sweepTables = [...]sweepTable{
 	{"queue", sQueueBatchEnd, sQueueSweepRead, sQueueSweepDelete, sQueueSweepMark},
 }
 
-// sweepLoop asks to be elected every quarter interval, jittered, the first
+// run asks to be elected every quarter interval, jittered, the first
 // time at a random moment of the first interval (so that sessions starting
 // together do not ask together), and runs a pass when elected. It returns
 // when the session ends; a pass in progress stops at its next statement.
-func (s *Session) sweepLoop() {
-	defer close(s.sweeper)
-	if s.opts.freeRowAge == 0 {
+func (s *sweeper) run() {
+	defer close(s.exited)
+	if s.age == 0 {
 		return
 	}
-	every := s.opts.sweepInterval()
+	every := s.every
 	timer := time.NewTimer(rand.N(every))
 	defer timer.Stop()
 	for {
 		select {
-		case <-s.stopped.Done():
+		case <-s.st.stopped.Done():
 			return
 		case <-timer.C:
 		}
 		if s.elect(every) {
-			s.sweeps.Add(1)
+			s.passes.Add(1)
 			start := time.Now()
-			deleted, marked := s.sweep(every, s.opts.freeRowAge)
-			s.logger.Debug("dsync: sweep pass", "session", s.id, "deleted", deleted, "marked", marked,
+			deleted, marked := s.sweep(every, s.age)
+			s.st.logger.Debug("dsync: sweep pass", "session", s.id, "deleted", deleted, "marked", marked,
 				"took", time.Since(start))
 		}
 		timer.Reset(every/8 + rand.N(every/4))
@@ -90,12 +106,12 @@ func (s *Session) sweepLoop() {
 }
 
 // elect reports whether this session runs the next pass.
-func (s *Session) elect(every time.Duration) bool {
-	ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+func (s *sweeper) elect(every time.Duration) bool {
+	ctx, cancel := context.WithTimeout(s.st.stopped, s.ttl)
 	defer cancel()
-	won, err := s.execChanged(ctx, sSweepElect, every.Microseconds())
+	won, err := s.st.execChanged(ctx, sSweepElect, every.Microseconds())
 	if err != nil {
-		s.logger.Debug("dsync: sweep election failed", "session", s.id, "err", err)
+		s.st.logger.Debug("dsync: sweep election failed", "session", s.id, "err", err)
 		return false
 	}
 	return won
@@ -106,30 +122,29 @@ func (s *Session) elect(every time.Duration) bool {
 // error (a lock wait timeout, say, after the retries) is skipped; any other
 // error (the connection, the session ending) ends the pass. Either way the
 // rows left are seen again by the next pass.
-func (s *Session) sweep(every, age time.Duration) (deleted, marked int64) {
+func (s *sweeper) sweep(every, age time.Duration) (deleted, marked int64) {
 	held := time.Now() // when this pass last told the others it runs
 	for _, t := range sweepTables {
 		for after := ""; ; {
-			if s.stopped.Err() != nil {
+			if s.st.stopped.Err() != nil {
 				return deleted, marked
 			}
 			if time.Since(held) >= every/2 {
-				ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
-				if _, err := s.exec(ctx, sSweepHold); err != nil {
-					s.logger.Debug("dsync: sweep hold failed", "session", s.id, "err", err)
+				ctx, cancel := context.WithTimeout(s.st.stopped, s.ttl)
+				if _, err := s.st.exec(ctx, sSweepHold); err != nil {
+					s.st.logger.Debug("dsync: sweep hold failed", "session", s.id, "err", err)
 				}
 				cancel()
 				held = time.Now()
 			}
-			ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+			ctx, cancel := context.WithTimeout(s.st.stopped, s.ttl)
 			b, err := s.sweepBatch(ctx, t, after, age)
 			cancel()
 			deleted += b.deleted
 			marked += b.marked
 			if err != nil {
-				s.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", t.name, "after", after, "err", err)
-				var me *mysql.MySQLError
-				if b.last == "" || !errors.As(err, &me) {
+				s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", t.name, "after", after, "err", err)
+				if b.last == "" || !serverError(err) {
 					return deleted, marked
 				}
 			}
@@ -148,14 +163,14 @@ func (s *Session) sweep(every, age time.Duration) (deleted, marked int64) {
 // transaction holds (it skips that row), after a plain read of up to
 // sweepBatch of them at a time. It returns how many it deleted; a failure
 // ends it, and the next pass tries again.
-func (s *Session) sweepTxLocks(age time.Duration) (deleted int64) {
-	for s.stopped.Err() == nil {
-		ctx, cancel := context.WithTimeout(s.stopped, s.opts.ttl)
+func (s *sweeper) sweepTxLocks(age time.Duration) (deleted int64) {
+	for s.st.stopped.Err() == nil {
+		ctx, cancel := context.WithTimeout(s.st.stopped, s.ttl)
 		n, listed, err := s.sweepTxLockBatch(ctx, age)
 		cancel()
 		deleted += n
 		if err != nil {
-			s.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "txlock", "err", err)
+			s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "txlock", "err", err)
 		}
 		if err != nil || listed < sweepBatch || n == 0 {
 			return deleted
@@ -166,10 +181,10 @@ func (s *Session) sweepTxLocks(age time.Duration) (deleted int64) {
 
 // sweepTxLockBatch lists up to sweepBatch idle transaction-lock rows and
 // deletes those still idle and not held.
-func (s *Session) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
+func (s *sweeper) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
 	var names []string
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.pool, int(sTxLockIdle))
+	err = s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.st.pool, int(sTxLockIdle))
 		if err != nil {
 			return err
 		}
@@ -192,8 +207,8 @@ func (s *Session) sweepTxLockBatch(ctx context.Context, age time.Duration) (dele
 			break
 		}
 		var res sql.Result
-		res, err = s.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
-		if isErrNo(err, 1205) {
+		res, err = s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
+		if isErrNo(err, errLockWaitTimeout) {
 			err = nil // a transaction holds it
 			continue
 		}
@@ -214,21 +229,21 @@ type batch struct {
 // sweepBatch sweeps the next batch of t after the name after: it reads
 // what there is to do, then records the fence floor and deletes the rows
 // that are ready, if any, then marks the rows that are free, if any.
-func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, freeRowAge time.Duration) (batch, error) {
+func (s *sweeper) sweepBatch(ctx context.Context, t sweepTable, after string, freeRowAge time.Duration) (batch, error) {
 	var b batch
 	age := freeRowAge.Microseconds()
 	var last sql.NullString
 	var fence sql.NullInt64 // the highest fence of the rows ready to go
 	var marks int64
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.pool, int(t.end))
+	err := s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.st.pool, int(t.end))
 		if err != nil {
 			return err
 		}
 		if err := st.QueryRowContext(ctx, after, sweepBatch).Scan(&last); err != nil || !last.Valid {
 			return err
 		}
-		if st, err = c.Stmt(ctx, s.pool, int(t.read)); err != nil {
+		if st, err = c.Stmt(ctx, s.st.pool, int(t.read)); err != nil {
 			return err
 		}
 		return st.QueryRowContext(ctx, age, after, last.String).Scan(&fence, &marks)
@@ -244,11 +259,11 @@ func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, fr
 		// ready since the read, with a higher fence, waits for the next
 		// pass, and without a schema row nothing goes.
 		var floor int64
-		if _, err := s.exec(ctx, sSweepFloor, fence.Int64); err != nil {
+		if _, err := s.st.exec(ctx, sSweepFloor, fence.Int64); err != nil {
 			return b, err
 		}
-		err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			st, err := c.Stmt(ctx, s.pool, int(sSweepFloorRead))
+		err := s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+			st, err := c.Stmt(ctx, s.st.pool, int(sSweepFloorRead))
 			if err != nil {
 				return err
 			}
@@ -259,15 +274,15 @@ func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, fr
 		case err != nil:
 			return b, err
 		default:
-			if b.deleted, err = s.execCount(ctx, s.sweepStmt(t.delete), after, b.last, age, floor); err != nil {
-				s.noWaitRefused(err)
+			if b.deleted, err = s.st.execCount(ctx, s.sweepStmt(t.delete), after, b.last, age, floor); err != nil {
+				s.st.noWaitRefused(err)
 				return b, err
 			}
 		}
 	}
 	if marks > 0 {
-		if b.marked, err = s.execCount(ctx, s.sweepStmt(t.marks), after, b.last); err != nil {
-			s.noWaitRefused(err)
+		if b.marked, err = s.st.execCount(ctx, s.sweepStmt(t.marks), after, b.last); err != nil {
+			s.st.noWaitRefused(err)
 			return b, err
 		}
 	}
@@ -280,21 +295,12 @@ func (s *Session) sweepBatch(ctx context.Context, t sweepTable, after string, fr
 // while it holds the rows it has changed already. Such a batch fails
 // with a lock wait timeout (1205) after exec's retries, and is skipped
 // until the next pass.
-func (s *Session) sweepStmt(stmt stmtIndex) stmtIndex {
+func (s *sweeper) sweepStmt(stmt stmtIndex) stmtIndex {
 	switch stmt {
 	case sLockSweepDelete:
-		return s.noWait(stmt, sLockSweepDeleteNoWait)
+		return s.st.noWait(stmt, sLockSweepDeleteNoWait)
 	case sLockSweepMark:
-		return s.noWait(stmt, sLockSweepMarkNoWait)
+		return s.st.noWait(stmt, sLockSweepMarkNoWait)
 	}
 	return stmt
-}
-
-// execCount runs a prepared statement and returns RowsAffected.
-func (s *Session) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int64, error) {
-	res, err := s.exec(ctx, stmt, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
 }

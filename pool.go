@@ -1,0 +1,125 @@
+package dsync
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// shared pools of session connections, one per *sql.DB and table prefix.
+var pools = struct {
+	sync.Mutex
+	m map[poolKey]*sharedPool
+}{m: make(map[poolKey]*sharedPool)}
+
+type poolKey struct {
+	db     *sql.DB
+	prefix string
+}
+
+type sharedPool struct {
+	pool   *connpool.Pool
+	galera bool // the database is a Galera cluster node
+	refs   int  // sessions using it; guarded by pools' mutex
+}
+
+// poolSize is how many connections the sessions of db share (see Session)
+// for their lock statements, and, when db has a connection limit, for
+// their renewals too.
+func poolSize(db *sql.DB) (int, error) {
+	limit := db.Stats().MaxOpenConnections
+	switch {
+	case limit == 0:
+		// Each session renews on a connection of its own (leaseConn).
+		return maxConns - 1, nil
+	case limit < 2:
+		return 0, fmt.Errorf("%w: the *sql.DB allows %d open connection(s); dsync keeps one of them, so allow at least 2 (SetMaxOpenConns)", ErrInvalidOption, limit)
+	case limit < 4:
+		return 1, nil // no connection to spare for renewals alone
+	}
+	return min(max(limit/4, 2), maxConns), nil
+}
+
+// acquirePool returns the shared pool of db and prefix, counting a user,
+// and whether the database is a Galera cluster node. The first session of
+// a pool asks the server (see isGalera).
+func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, bool, error) {
+	k := poolKey{db, q.tables[0]}
+	pools.Lock()
+	sp := pools.m[k]
+	pools.Unlock()
+	galera := false
+	if sp == nil {
+		var err error
+		if galera, err = isGalera(ctx, db); err != nil {
+			return nil, false, fmt.Errorf("dsync: ask the server about wsrep: %w", err)
+		}
+	}
+	pools.Lock()
+	defer pools.Unlock()
+	sp = pools.m[k]
+	size, err := poolSize(db)
+	if err != nil {
+		return nil, false, err
+	}
+	if sp != nil {
+		sp.pool.Resize(size)
+	} else {
+		setup := []string{qSetSession, qReadCommitted}
+		if galera {
+			setup = append(setup, qSyncWait)
+		}
+		// Where sessions renew on the pool's connections (a *sql.DB with a
+		// connection limit), every one has the renewal prepared before a
+		// renewal needs it, so that a renewal costs one round trip even on
+		// a new one; elsewhere they renew on their own (leaseConn, which
+		// start leaves with the renewal prepared).
+		var eager []int
+		if ownLeaseConn(db) == nil {
+			eager = append(eager, int(sLeaseRenew))
+		}
+		sp = &sharedPool{pool: connpool.New(db, size, setup, q.prepared[:], eager...), galera: galera}
+		// Lock statements never use more than maxConns-1 connections; the
+		// rest serve renewals.
+		sp.pool.LimitNormal(maxConns - 1)
+		pools.m[k] = sp
+	}
+	// Where each session renews on a connection of its own, the pool keeps
+	// none for renewals.
+	sp.pool.KeepReserve(db.Stats().MaxOpenConnections != 0)
+	sp.refs++
+	return sp.pool, sp.galera, nil
+}
+
+// isGalera reports whether db is a Galera cluster node with replication on.
+// It runs one read on a connection of db's own pool.
+func isGalera(ctx context.Context, db *sql.DB) (bool, error) {
+	var name, value string
+	err := db.QueryRowContext(ctx, qWsrepOn).Scan(&name, &value)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil // not MariaDB, or built without wsrep
+	case err != nil:
+		return false, err
+	}
+	return strings.EqualFold(value, "ON"), nil
+}
+
+// releasePool drops a user of a shared pool, closing it after the last.
+func releasePool(db *sql.DB, q *queries) {
+	pools.Lock()
+	defer pools.Unlock()
+	k := poolKey{db, q.tables[0]}
+	sp := pools.m[k]
+	if sp.refs--; sp.refs == 0 {
+		delete(pools.m, k)
+		sp.pool.Close()
+	} else if size, err := poolSize(db); err == nil {
+		sp.pool.Resize(size)
+	}
+}

@@ -1,0 +1,108 @@
+package dsync
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// createTables creates whichever of the tables are missing, and checks the
+// schema version they were created with. The version table is created (and
+// the version recorded) before the others, so tables without it are of a
+// dsync older than the version record. A version already recorded is
+// checked before any DDL, so that tables of another version are left as
+// they are (no table of this version is added beside them).
+func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
+	present, err := tablesPresent(ctx, c, q)
+	if err != nil {
+		return err
+	}
+	schema := q.tables[0]
+	if !present[schema] && len(present) > 0 {
+		var found []string
+		for _, table := range q.tables[1:] {
+			if present[table] {
+				found = append(found, table)
+			}
+		}
+		// With the empty prefix, another application's table called lock
+		// or queue gets here as well as an old dsync's tables.
+		return fmt.Errorf("%w: found %s but no version table %s: tables of a dsync before schema version %d, or another application's (give dsync a table prefix of its own: WithTablePrefix)",
+			ErrSchemaVersion, strings.Join(found, ", "), schema, schemaVersion)
+	}
+	if present[schema] && len(present) < len(q.tables) {
+		var version int
+		err := c.QueryRowContext(ctx, q.version).Scan(&version)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			// Created by a session that has not recorded the version
+			// yet; checked again below.
+		case err != nil:
+			return err
+		case version != schemaVersion:
+			return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
+				ErrSchemaVersion, schema, version, schemaVersion)
+		}
+	}
+	for i, table := range q.tables {
+		if present[table] {
+			continue
+		}
+		if _, err := c.ExecContext(ctx, q.creates[i]); err != nil {
+			return err
+		}
+		if i == 0 {
+			if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
+				return err
+			}
+		}
+	}
+	var version int
+	err = c.QueryRowContext(ctx, q.version).Scan(&version)
+	if errors.Is(err, sql.ErrNoRows) {
+		// Created by a session that has not recorded the version yet.
+		if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
+			return err
+		}
+		err = c.QueryRowContext(ctx, q.version).Scan(&version)
+	}
+	switch {
+	case err != nil:
+		return err
+	case version != schemaVersion:
+		return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
+			ErrSchemaVersion, schema, version, schemaVersion)
+	}
+	return nil
+}
+
+// tablesPresent reads which of q's tables exist, keyed by q's names for
+// them. A server that compares table names without regard to case
+// (lower_case_table_names) may return them in lower case whatever the
+// prefix's case: its names are matched to q's without regard to case too.
+func tablesPresent(ctx context.Context, c *connpool.Conn, q *queries) (map[string]bool, error) {
+	t := q.tables
+	rows, err := c.QueryContext(ctx, qTablesPresent, t[0], t[1], t[2], t[3], t[4], t[5])
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	present := make(map[string]bool)
+	for rows.Next() {
+		var name string
+		var folds bool
+		if err := rows.Scan(&name, &folds); err != nil {
+			return nil, err
+		}
+		for _, table := range t {
+			if name == table || folds && strings.EqualFold(name, table) {
+				present[table] = true
+			}
+		}
+	}
+	return present, rows.Err()
+}

@@ -1,0 +1,262 @@
+package dsync
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dsynclock/dsync/internal/connpool"
+)
+
+// A store runs dsync's prepared statements on a session's connections:
+// lock statements on the shared pool's, lease statements (priority) on
+// the session's own lease connection when it has one. It retries what a
+// server error says had no effect, and chooses the statements that do not
+// wait for row locks where the server takes them. It knows no lock kind
+// and never calls into the Session: what it needs to know of the session
+// (when it ends, and why) it is given when made.
+type store struct {
+	db        *sql.DB
+	q         *queries
+	pool      *connpool.Pool
+	leaseConn *leaseConn // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
+	galera    bool       // the database is a Galera cluster node (see qSyncWait)
+	logger    *slog.Logger
+	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
+	release   sync.Once   // releases the session's share of the pool
+
+	// Set by the session before its first statement.
+	stopped context.Context // ends when Close starts or the session is lost
+	ended   func() error    // the session's Err: why a statement it cut short failed
+}
+
+// newStore returns the store of a new session on db, with its share of the
+// shared pool of db and q's tables (see acquirePool), and its own lease
+// connection when db has no connection limit (see ownLeaseConn).
+func newStore(ctx context.Context, db *sql.DB, q *queries, logger *slog.Logger) (*store, error) {
+	pool, galera, err := acquirePool(ctx, db, q)
+	if err != nil {
+		return nil, err
+	}
+	return &store{db: db, q: q, pool: pool, leaseConn: ownLeaseConn(db), galera: galera, logger: logger}, nil
+}
+
+// releasePool releases the session's share of the shared pool, once.
+func (s *store) releasePool() {
+	s.release.Do(func() { releasePool(s.db, s.q) })
+}
+
+// withConn runs f on one of the session's connections (priority: a lease
+// statement, which runs on the session's own connection when it has one,
+// see leaseConn), under a ctx that ends when ctx does or when the session ends
+// (closed or lost), so that no call outlives its session even with a
+// context.Background() ctx and a database that stopped answering; Close's
+// own statements (see closingCtx) run under Close's ctx alone. A connection
+// whose use ended with that ctx done is discarded: the driver may have
+// closed it, or a statement may still be running on it.
+func (s *store) withConn(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err // no connection is spent on a call that cannot run
+	}
+	sctx := ctx
+	if ctx.Value(closingKey{}) == nil {
+		if ctx.Done() == nil {
+			sctx = s.stopped // no allocation on the common path
+		} else {
+			var cancel context.CancelFunc
+			sctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(s.stopped, cancel)()
+		}
+	}
+	err := s.use(sctx, priority, f)
+	if err != nil && ctx.Err() == nil && sctx.Err() != nil {
+		if serr := s.ended(); serr != nil {
+			return serr // the session ended under the statement
+		}
+	}
+	return err
+}
+
+// use runs f on a connection from the pool under ctx and puts it back, or,
+// for a lease statement, on the session's own connection when it has one.
+func (s *store) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
+	if priority && s.leaseConn != nil {
+		return s.leaseConn.use(ctx, s.pool, f)
+	}
+	c, err := s.pool.Get(ctx, priority)
+	if err != nil {
+		return err
+	}
+	err = f(ctx, c)
+	if cerr := ctx.Err(); cerr != nil {
+		s.pool.Put(c, cerr) // discarded: the driver may have closed it
+	} else {
+		s.pool.Put(c, err)
+	}
+	return err
+}
+
+// maxRetries bounds the immediate retries of a statement that a deadlock
+// (1213) or lock wait timeout (1205) rolled back.
+const maxRetries = 10
+
+// exec runs a prepared statement on a session connection. Every statement
+// dsync prepares is a single autocommit statement, so one that a deadlock
+// (1213) or a lock wait timeout (1205) rolled back may simply run again:
+// exec retries those, so they never reach a caller while a retry is safe.
+func (s *store) exec(ctx context.Context, stmt stmtIndex, args ...any) (sql.Result, error) {
+	return s.execRetrying(ctx, stmt, maxRetries, args...)
+}
+
+// execRetrying is exec with at most lockWaits retries after a lock wait
+// timeout (see retryRolledBackN).
+func (s *store) execRetrying(ctx context.Context, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+	return s.execConn(ctx, false, stmt, lockWaits, args...)
+}
+
+// execConn is execRetrying on a connection for lease statements (priority)
+// or for lock statements.
+func (s *store) execConn(ctx context.Context, priority bool, stmt stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+	var res sql.Result
+	err := s.withConn(ctx, priority, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.pool, int(stmt))
+		if err != nil {
+			return err
+		}
+		res, err = retryRolledBackN(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, args...) }, lockWaits)
+		return err
+	})
+	return res, err
+}
+
+// retryRolledBack runs a single autocommit statement (or dsync's own one
+// transaction) again while a server error says it had no effect (see
+// rolledBack: a deadlock or certification conflict, a lock wait timeout, a
+// Galera node not ready), up to maxRetries times and while ctx lasts. From
+// the second retry on it first waits a random time that doubles each time
+// (1ms, 2ms, ... up to 64ms), so that statements that conflicted on a
+// cluster do not meet again at once.
+func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.Result, error) {
+	return retryRolledBackN(ctx, run, maxRetries)
+}
+
+// retryRolledBackN is retryRolledBack with at most lockWaits retries after a
+// lock wait timeout (1205).
+func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockWaits int) (sql.Result, error) {
+	for attempt := 0; ; attempt++ {
+		res, err := run()
+		if !isErrNo(err, rolledBack...) || attempt == maxRetries || ctx.Err() != nil {
+			return res, err
+		}
+		if isErrNo(err, errLockWaitTimeout) {
+			if lockWaits == 0 {
+				return res, err
+			}
+			lockWaits--
+		}
+		if attempt > 0 {
+			d := rand.N(time.Millisecond << min(attempt, 6))
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return res, err
+			}
+		}
+	}
+}
+
+// execNoWait runs the variant of a lock row statement that does not wait
+// for row locks (see noWaitSQL), or the plain statement on a server that
+// refuses the variant, with exec's retries but for lock wait timeouts
+// (1205), which it retries noWaitLockWaits times. A 1205 that it returns
+// means: a transaction holds the row (Mutex.LockTx), which only its end,
+// and the doorbell of the session that handed it over, will change.
+// Every statement that a waiter or TryLock writes a lock row with runs
+// this way, so that none of them holds a session connection while a
+// transaction runs.
+func (s *store) execNoWait(ctx context.Context, plain, variant stmtIndex, args ...any) (sql.Result, error) {
+	return s.execNoWaitN(ctx, plain, variant, noWaitLockWaits, args...)
+}
+
+// execNoWaitN is execNoWait with at most lockWaits retries after a lock
+// wait timeout.
+func (s *store) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
+	for {
+		stmt := s.noWait(plain, variant)
+		res, err := s.execRetrying(ctx, stmt, lockWaits, args...)
+		if stmt == variant && s.noWaitRefused(err) {
+			continue // the plain statement, from now on
+		}
+		return res, err
+	}
+}
+
+// execNoWaitChanged runs a statement as execNoWait does and reports whether
+// it changed a row.
+func (s *store) execNoWaitChanged(ctx context.Context, plain, variant stmtIndex, args ...any) (bool, error) {
+	res, err := s.execNoWait(ctx, plain, variant, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+// noWait returns the variant of stmt that does not wait for row locks
+// (SET STATEMENT innodb_lock_wait_timeout = 0, MariaDB's), or stmt itself
+// on a server that refused that syntax (MySQL; see noWaitRefused).
+func (s *store) noWait(stmt, variant stmtIndex) stmtIndex {
+	if s.noWaitOff.Load() {
+		return stmt
+	}
+	return variant
+}
+
+// noWaitRefused reports whether err is the server refusing the syntax of
+// the no-wait variants (1064), and then stops using them.
+func (s *store) noWaitRefused(err error) bool {
+	if !isErrNo(err, errParse) {
+		return false
+	}
+	if !s.noWaitOff.Swap(true) {
+		s.logger.Info("dsync: the server refuses SET STATEMENT; TryLock reads the lock row first", "err", err)
+	}
+	return true
+}
+
+// execChanged runs a prepared statement and reports whether it changed a
+// row.
+func (s *store) execChanged(ctx context.Context, stmt stmtIndex, args ...any) (bool, error) {
+	res, err := s.exec(ctx, stmt, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+// execOn runs a prepared statement on a connection of the session's own
+// keeping (not the pool's).
+func (s *store) execOn(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args ...any) (sql.Result, error) {
+	st, err := c.Stmt(ctx, s.pool, int(stmt))
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// execCount runs a prepared statement and returns RowsAffected.
+func (s *store) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int64, error) {
+	res, err := s.exec(ctx, stmt, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
