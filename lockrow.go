@@ -3,6 +3,8 @@ package dsync
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -66,4 +68,100 @@ const noWaitLockWaits = 2
 // for it).
 func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
 	return s.free(ctx, orphan{name: name, token: token})
+}
+
+// freeRinging frees the Mutex row o as free does, but on the doorbell's
+// connection, with the ring in the same statement when sessions wait for
+// the row (qLockReleaseRing): a woken waiter's statement is then on its
+// way while the release commits, a statement sooner than a ring after the
+// release. The goroutine publishes the new generation.
+//
+// ran is false when the statement had no effect and the caller must free
+// o as before, on a pool connection: o is a ticket; the session is ending
+// or closing; ctx has ended; the doorbell is not taken, or its connection
+// is in use, or was dropped by the server while idle; or the statement
+// was not sent, or met the row locked for a second (it waits no longer,
+// so that it never holds up the doorbell goroutine). When the statement
+// failed otherwise, ran is true with its error, and the connection (with
+// its doorbell, which wakes the waiters) is dropped for a new one.
+func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
+	b := &s.bell
+	if o.ticket || !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+		return false, nil, nil
+	}
+	defer b.mu.Unlock()
+	if b.c == nil {
+		return false, nil, nil // the goroutine takes one (runBell)
+	}
+	if !b.c.Alive(ctx) {
+		// The server dropped the connection while it was idle (its doorbell
+		// went with it, which woke the waiters): take a new one, and free
+		// the row on another connection.
+		s.loseBell()
+		return false, nil, nil
+	}
+	sctx := s.stopped
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(s.stopped, cancel)()
+	}
+	stmt := s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
+	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
+	if err != nil {
+		if !connpool.Reusable(err) {
+			s.loseBell()
+		}
+		return false, nil, nil // not sent
+	}
+	asked := b.asked.Swap(false) // this statement may ring instead
+	res, err = retryRolledBackN(sctx, func() (sql.Result, error) {
+		return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
+	}, 0)
+	rang := int64(0)
+	if err == nil {
+		if n, _ := res.RowsAffected(); n > 0 {
+			rang, _ = res.LastInsertId()
+		}
+	}
+	if asked && rang != 2 {
+		b.asked.Store(true)
+	}
+	ran = true
+	switch {
+	case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205), errors.Is(err, driver.ErrBadConn):
+		// Refused syntax, or the row locked for a second: the statement
+		// did nothing. A bad connection: nothing was sent.
+		if errors.Is(err, driver.ErrBadConn) {
+			s.loseBell()
+		}
+		ran, res, err = false, nil, nil
+	case err != nil || rang == 1:
+		// The statement failed, maybe after it rang, or it rang without
+		// taking the next generation: drop the connection (and with it
+		// whatever doorbell it holds) and have the goroutine take a new one.
+		s.loseBell()
+	case rang == 2:
+		b.gen++
+	}
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
+		s.nudgeBell()
+	}
+	return ran, res, err
+}
+
+// lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
+// that session's doorbell, how long its lease has left in microseconds,
+// and the row's fence (0 when the row is missing); sql.ErrNoRows when
+// nobody live holds or claimed the row.
+func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+	var id, gen, until sql.NullInt64
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)
+	})
+	if err == nil && !id.Valid {
+		err = sql.ErrNoRows
+	}
+	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
 }

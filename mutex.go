@@ -2,11 +2,14 @@ package dsync
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // A Mutex is a mutual exclusion lock shared by every process whose
@@ -402,4 +405,75 @@ func (m *Mutex) notHeld() error {
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
 	}
 	return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotHeld)
+}
+
+// unarmedPolls is how many times a Mutex waiter that finds the holder
+// without a doorbell polls soon (after claimPoll) before it polls for
+// pollFor: a session takes its doorbell right after its first
+// acquisition, and a waiter arriving just then would otherwise wait 100ms
+// (bench's contention scenario saw 115-160ms waits in its first 30ms).
+const unarmedPolls = 5
+
+// awaitBell waits for the release of the Mutex row name by blocking on its
+// holder's doorbell (see the doorbell comment above), and tells the
+// caller's loop what to do next (see waitOutcome and judge).
+func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
+	s := m.s
+	if !s.bells() || time.Now().Before(st.pollUntil) {
+		return waitPoll
+	}
+	s.armBell() // waiters behind this one wait on its doorbell
+	if st.pace == 0 || time.Since(st.wantedAt) >= paceCap {
+		// (A paced waiter said so less than paceCap ago, for longer than
+		// any block that may follow: nothing to renew.)
+		want := (bellWait + 2*time.Second).Microseconds()
+		st.wanted, st.wantedAt = true, time.Now()
+		waited := time.Since(st.since).Microseconds()
+		_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name)
+		st.unwanted = isErrNo(err, 1205)
+		if err != nil && !st.unwanted {
+			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+			return waitPace
+		}
+	}
+	ref, left, fence, err := s.lockBell(ctx, m.name)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return waitPace
+	}
+	ref, block, out := st.judge(err == nil, ref, fence)
+	if !block {
+		return out
+	}
+	var c *connpool.Conn
+	switch {
+	case ref.gen == 0 && ref.id != s.id && st.unarmed < unarmedPolls:
+		// The holder has no doorbell yet: it takes one right after its
+		// first acquisition, within a few milliseconds. Poll soon, a few
+		// times, before polling for pollFor.
+		st.unarmed++
+		st.soon = true
+		return waitPace
+	case ref.gen != 0 && ref.id != s.id:
+		c = s.waiters.get(ctx, s)
+	}
+	st.selfHeld = ref.id == s.id
+	if c == nil {
+		// No doorbell to block on (the session has none, or it is this
+		// one, holding the row under a token it no longer knows, until the
+		// reaper frees it), or no connection: poll for a while, without
+		// the long claim of a doorbell waiter.
+		st.pollUntil = time.Now().Add(pollFor)
+		m.unclaim(ctx, false)
+		return waitPoll
+	}
+	most := bellWait
+	if st.unwanted {
+		// The row was locked (a LockTx transaction, whose session rings
+		// when it ends; or a statement that held it for longer than the
+		// no-wait tries): wanted_until may not be written, so a release
+		// need not ring. Block no longer than the pace's cap.
+		most = paceCap
+	}
+	return s.waitBell(ctx, c, ref, left, most, m.name, kindMutex, st)
 }
