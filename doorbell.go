@@ -328,15 +328,9 @@ type bellState struct {
 	nobodyFence int64            // the lock's fence then
 	nobodyPaced bool             // and it has paced itself since, with that fence
 	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
-	unwanted    bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
-	wanted      bool             // qLockWant was sent: it may have claimed the next hold
-	wantedAt    time.Time        // when qLockWant was last sent
 	pollUntil   time.Time        // poll without trying doorbells until then
-	selfHeld    bool             // the row was last seen held by this session itself
 	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
-	unarmed     int              // times the holder was found without a doorbell (see unarmedPolls)
 	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
-	since       time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
 }
 
 // waitOutcome is what a waiter's doorbell step (awaitBell,
@@ -522,12 +516,15 @@ func (w *bellWaiter) closeIdle() {
 	}
 }
 
-// waitBell blocks on c until doorbell ref rings, for at most most (a
-// whole number of seconds) or what the ringing session's lease has left
-// (left microseconds), or until ctx or the session ends. A doorbell that
-// is free at once (rung, or gone with its connection) or rings is recorded
+// waitBell blocks on a connection of its own (see bellWaiter) until
+// doorbell ref rings, for at most most (a whole number of seconds) or what
+// the ringing session's lease has left (left microseconds), or until ctx
+// or the session ends; name and kind are for its log. A doorbell that is
+// free at once (rung, or gone with its connection) or rings is recorded
 // in st (see judge); the caller tries again at once after it or after a
-// block that timed out, and paces itself after an error.
+// block that timed out, and paces itself after an error. When it has no
+// connection to block with it returns waitPoll, and the caller polls for
+// pollFor.
 //
 // The block's timeout is fractional: MariaDB's GET_LOCK honours it, so a
 // waiter overtakes a holder that stopped renewing within bellLate of its
@@ -536,7 +533,12 @@ func (w *bellWaiter) closeIdle() {
 // block again and again at once), the waiter sleeps until the lease's end
 // instead, sending nothing; only a holder that stopped renewing gets that
 // close to its lease's end.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, most time.Duration, name, kind string, st *bellState) waitOutcome {
+func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
+	c := s.waiters.get(ctx, s)
+	if c == nil {
+		st.pollUntil = time.Now().Add(pollFor)
+		return waitPoll
+	}
 	bell := bellName(ref.id, ref.gen)
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {

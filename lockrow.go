@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -164,4 +165,28 @@ func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left,
 		err = sql.ErrNoRows
 	}
 	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
+}
+
+// claimRow claims the next hold of the Mutex row name for this session
+// for claimFor, or renews its claim (qLockClaim), without waiting for a
+// transaction that holds the row, and reports whether the claim is its
+// own now.
+func (s *Session) claimRow(ctx context.Context, name string, claimFor time.Duration) (bool, error) {
+	return s.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, s.id, claimFor.Microseconds(), name, s.id)
+}
+
+// unclaimRow drops this session's claim on the next hold of the Mutex row
+// name (qLockUnclaim), and reports whether there was one.
+func (s *Session) unclaimRow(ctx context.Context, name string) (bool, error) {
+	return s.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, name, s.id)
+}
+
+// wantRow says that this session waits for the Mutex row name, for want,
+// having waited waited (qLockWant; the longest waiter claims the next
+// hold), without waiting for a transaction that holds the row: a 1205
+// error then, and the row's wanted_until may not be written.
+func (s *Session) wantRow(ctx context.Context, name string, want, waited time.Duration) error {
+	w, d := want.Microseconds(), waited.Microseconds()
+	_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, w, s.id, d, s.id, s.id, w, s.id, d, name)
+	return err
 }

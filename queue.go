@@ -8,10 +8,6 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"github.com/cenkalti/backoff/v4"
-
-	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // The queued locks (FairMutex, RWMutex) share this machinery: a database
@@ -153,79 +149,34 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 			return 0, false, s.Err()
 		}
 	}
-	var b backoff.BackOff
-	var timer *time.Timer
-	var bells bellState // see awaitTicketBell
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for first := true; ; first = false {
-		ahead, fence, err := s.checkTicket(ctx, name, w, first)
-		switch {
-		case err == nil && ahead == 0:
-			return fence, true, nil
-		case err == nil && !wait:
-			return 0, false, nil
-		case err != nil && ctx.Err() != nil:
-			return 0, false, ctx.Err()
-		case err != nil && s.Err() != nil:
-			return 0, false, s.Err()
-		case err != nil && (!wait || !retryable(err)):
-			return 0, false, err
-		}
-		noteWait(ctx) // this call waits (see Stats)
-		if b == nil {
-			b = s.opts.newBackOff()
-		}
-		d := b.NextBackOff()
-		if d == backoff.Stop {
-			return 0, false, ErrNotObtained
-		}
-		out := waitPoll
-		if err == nil && !lq.heldAgainst(w.mode) {
-			out = s.awaitTicketBell(ctx, name, w, &bells)
-		}
-		switch {
-		case out == waitTry:
-			// Woken by the doorbell of the ticket ahead, or its wait timed
-			// out, or the line moved: check again at once.
-			if err := ctx.Err(); err != nil {
-				return 0, false, err
+	var ahead, fence int64
+	ok, err := s.waitFor(ctx, wait, &waitPolicy{
+		try: func(ctx context.Context, ws *waitState) (bool, error) {
+			var err error
+			ahead, fence, err = s.checkTicket(ctx, name, w, ws.attempt == 0)
+			return ahead == 0, err
+		},
+		bell: func(ctx context.Context, ws *waitState) waitOutcome {
+			if lq.heldAgainst(w.mode) {
+				return waitPoll
 			}
-			if err := s.Err(); err != nil {
-				return 0, false, err
-			}
-			continue
-		case out == waitPace:
-			d = bells.nextPace()
-		case err == nil:
+			return s.awaitTicketBell(ctx, name, w, &ws.bells)
+		},
+		poll: func(_ context.Context, _ *waitState, d time.Duration) time.Duration {
 			// Poll again sooner the closer to the head: every 2ms per
 			// holder or waiter ahead, but never slower than the back-off
 			// policy says.
-			d = min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
-		}
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		wake := timer.C
-		if lq.heldAgainst(w.mode) {
-			// A goroutine of this process holds the lock: its Unlock will
-			// kick this waiter, so polling meanwhile is wasted work.
-			wake = nil
-		}
-		select {
-		case <-wake:
-		case <-w.kick:
-		case <-ctx.Done():
-			return 0, false, ctx.Err()
-		case <-s.done:
-			return 0, false, s.Err()
-		}
+			return min(d, time.Duration(max(ahead, 1))*nextInLinePoll)
+		},
+		// A goroutine of this process holds the lock: its Unlock will
+		// kick this waiter, so polling meanwhile is wasted work.
+		idle: func() bool { return lq.heldAgainst(w.mode) },
+		kick: w.kick,
+	})
+	if !ok {
+		return 0, false, err
 	}
+	return fence, true, nil
 }
 
 // leaveLine takes w out of the local line, letting the next waiter poll.
@@ -465,11 +416,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		return waitPoll
 	}
 	s.armBell() // waiters behind this one wait on its doorbell
-	var seq, left int64
-	var ref bellRef
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
-	})
+	seq, ref, left, err := s.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
@@ -486,19 +433,14 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		// A ticket ahead: leave a marker, so that its release rings. (The
 		// head slot's release rings whenever tickets exist, and this one
 		// committed before the slot's holder was read.)
-		res, err := s.exec(ctx, sTicketWant, name, seq)
+		there, err := s.wantTicket(ctx, name, seq)
 		if err != nil {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 			return waitPace
 		}
-		if there, _ := res.LastInsertId(); there != 1 {
+		if !there {
 			return waitTry // the ticket ahead went meanwhile
 		}
 	}
-	c := s.waiters.get(ctx, s)
-	if c == nil {
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
-	}
-	return s.waitBell(ctx, c, ref, left, bellWait, name, kindQueue, st)
+	return s.waitBell(ctx, ref, left, bellWait, st, name, kindQueue)
 }

@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"time"
-
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -61,41 +58,24 @@ func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64
 // at once; else (a write of the row that has not committed yet) it binds
 // again after a pause of the session's back-off, never at once.
 func (s *Session) createQueueRow(ctx context.Context, name string) error {
-	var b backoff.BackOff // made at the first lock wait
-	var timer *time.Timer
-	for {
-		kind, err := s.bindQueueRow(ctx, name)
-		if isErrNo(err, 1205) {
-			if kind, err = s.lockKind(ctx, name); err == nil && kind != kindRowMutex {
-				noteWait(ctx) // this call waits (see Stats)
-				if b == nil {
-					b = s.opts.newBackOff()
-				}
-				d := b.NextBackOff()
-				if d == backoff.Stop {
-					return ErrNotObtained
-				}
-				if timer == nil {
-					timer = time.NewTimer(d)
-					defer timer.Stop()
-				} else {
-					timer.Reset(d)
-				}
-				select {
-				case <-timer.C:
-					continue
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-s.done:
-					return s.Err()
+	_, err := s.waitFor(ctx, true, &waitPolicy{
+		try: func(ctx context.Context, _ *waitState) (bool, error) {
+			kind, err := s.bindQueueRow(ctx, name)
+			if isErrNo(err, 1205) {
+				if kind, err = s.lockKind(ctx, name); err == nil && kind != kindRowMutex {
+					return false, nil // bind again after a pause
 				}
 			}
-		}
-		if err == nil && kind == kindRowMutex {
-			return otherKindError(kindRowMutex)
-		}
-		return err
-	}
+			if err == nil && kind == kindRowMutex {
+				err = otherKindError(kindRowMutex)
+			}
+			if err != nil {
+				return false, stopWait{err}
+			}
+			return true, nil
+		},
+	})
+	return err
 }
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
@@ -416,4 +396,28 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		s.ringBell()
 	}
 	return true, nil
+}
+
+// ticketAhead reads whom waiter w of name waits for (qTicketAhead): the
+// number of the nearest conflicting ticket ahead of it (0: none, it waits
+// for the head slot's holder), the doorbell of that ticket's or holder's
+// session and how long its lease has left in microseconds; sql.ErrNoRows
+// when nothing live is ahead.
+func (s *Session) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, err error) {
+	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
+	})
+	return seq, ref, left, err
+}
+
+// wantTicket leaves a waiter's marker behind ticket seq of name
+// (qTicketWant), so that its release rings, and reports whether the
+// ticket was still there.
+func (s *Session) wantTicket(ctx context.Context, name string, seq int64) (bool, error) {
+	res, err := s.exec(ctx, sTicketWant, name, seq)
+	if err != nil {
+		return false, err
+	}
+	there, _ := res.LastInsertId()
+	return there == 1, nil
 }
