@@ -96,14 +96,9 @@ type doorbell struct {
 	published int64          // guarded by mu; the generation in the lease row
 }
 
-// bellWaiter is the waiter side: connections blocked on, or kept for
-// blocking on, other sessions' doorbells.
-type bellWaiter struct {
-	mu     sync.Mutex
-	idle   []*connpool.Conn // guarded by mu
-	open   int              // guarded by mu; connections open, idle or in use
-	closed bool             // guarded by mu; the session ended: keep none
-}
+// bellWaiter is the waiter side's connections: those blocked on, or kept
+// for blocking on, other sessions' doorbells, at most bellWaiters open.
+type bellWaiter struct{ conns connpool.Kept }
 
 // armBell starts the session's doorbell, once, after its first
 // acquisition or when it first waits, off the caller's path. It does nothing on a Galera cluster,
@@ -264,7 +259,7 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 		// Prepared now, so that a release that rings on c costs no more
 		// round trips than one on any other connection. A failure only
 		// leaves it to be prepared at first use.
-		_, _ = c.Stmt(ctx, s.pool, int(s.noWait(sLockReleaseRing, sLockReleaseRingBrief)))
+		_, _ = c.Stmt(ctx, s.pool, int(s.ringInStmt()))
 	}
 	if err == nil {
 		err = s.publishBell(ctx, c, gen)
@@ -287,6 +282,84 @@ func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
 		return errors.New("next doorbell taken by another connection")
 	}
 	return s.publishBell(ctx, c, gen+1)
+}
+
+// ringResult is what a statement that ringIn ran on the doorbell's
+// connection did with the doorbell.
+type ringResult int
+
+const (
+	ringNotRun  ringResult = iota // it did nothing (refused, or met its row locked); the connection is kept
+	ringBadConn                   // nothing was sent: the connection is bad
+	ringNone                      // it ran without ringing
+	ringRang                      // it took the next generation and let the current one go
+	ringBroken                    // it failed, maybe after it rang, or it rang without taking the next generation
+)
+
+// ringIn lends the doorbell's connection to a statement that may ring the
+// doorbell in itself (freeRinging): it prepares stmt there and calls run
+// with it, a ctx that also ends with the session, and the GET_LOCK names
+// of the next generation and the current one. It reports whether the
+// statement ran (see ringResult); false when it was not sent: the session
+// is ending or closing; ctx has ended; the doorbell is not taken, or its
+// connection is in use, or was dropped by the server while idle; or the
+// statement could not be prepared. A connection that failed (ringBadConn,
+// ringBroken; a prepare that broke it) is dropped with its doorbell,
+// which wakes the waiters, and the goroutine takes a new one and
+// publishes the generation.
+func (s *Session) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult) bool {
+	b := &s.bell
+	if !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+		return false
+	}
+	defer b.mu.Unlock()
+	if b.c == nil {
+		return false // the goroutine takes one (runBell)
+	}
+	if !b.c.Alive(ctx) {
+		// The server dropped the connection while it was idle (its doorbell
+		// went with it, which woke the waiters): take a new one, and let
+		// the caller run its statement on another connection.
+		s.loseBell()
+		return false
+	}
+	sctx := s.stopped
+	if ctx.Done() != nil {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(s.stopped, cancel)()
+	}
+	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
+	if err != nil {
+		if !connpool.Reusable(err) {
+			s.loseBell()
+		}
+		return false // not sent
+	}
+	asked := b.asked.Swap(false) // this statement may ring instead
+	r := run(sctx, st, bellName(s.id, b.gen+1), bellName(s.id, b.gen))
+	if asked && r != ringRang {
+		b.asked.Store(true)
+	}
+	ran := true
+	switch r {
+	case ringNotRun:
+		ran = false
+	case ringBadConn:
+		s.loseBell()
+		ran = false
+	case ringBroken:
+		// Drop the connection (and with it whatever doorbell it holds)
+		// and have the goroutine take a new one.
+		s.loseBell()
+	case ringRang:
+		b.gen++
+	}
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
+		s.nudgeBell()
+	}
+	return ran
 }
 
 // loseBell drops the doorbell's connection (b.mu held), which lets its
@@ -462,59 +535,15 @@ func (s *Session) bells() bool {
 // get returns a connection to block on a doorbell with, or nil when the
 // session has bellWaiters blocked already or none can be opened.
 func (w *bellWaiter) get(ctx context.Context, s *Session) *connpool.Conn {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return nil
-	}
-	if n := len(w.idle); n > 0 {
-		c := w.idle[n-1]
-		w.idle = w.idle[:n-1]
-		w.mu.Unlock()
-		return c
-	}
-	if w.open >= bellWaiters {
-		w.mu.Unlock()
-		return nil
-	}
-	w.open++
-	w.mu.Unlock()
-	c, err := s.pool.Dedicated(ctx)
-	if err != nil {
-		w.mu.Lock()
-		w.open--
-		w.mu.Unlock()
-		return nil
-	}
-	return c
+	return w.conns.Get(ctx, s.pool, bellWaiters)
 }
 
 // put keeps c for the next waiter when keep is set, else closes it.
-func (w *bellWaiter) put(c *connpool.Conn, keep bool) {
-	w.mu.Lock()
-	if keep && !w.closed {
-		w.idle = append(w.idle, c)
-		w.mu.Unlock()
-		return
-	}
-	w.open--
-	w.mu.Unlock()
-	c.Close()
-}
+func (w *bellWaiter) put(c *connpool.Conn, keep bool) { w.conns.Put(c, keep) }
 
 // closeIdle closes the idle connections (the session has ended; those in
 // use are closed when put back).
-func (w *bellWaiter) closeIdle() {
-	w.mu.Lock()
-	w.closed = true
-	idle := w.idle
-	w.idle = nil
-	w.open -= len(idle)
-	w.mu.Unlock()
-	for _, c := range idle {
-		c.Close()
-	}
-}
+func (w *bellWaiter) closeIdle() { w.conns.Close() }
 
 // waitBell blocks on a connection of its own (see bellWaiter) until
 // doorbell ref rings, for at most most (a whole number of seconds) or what

@@ -86,70 +86,47 @@ func (s *Session) releaseRow(ctx context.Context, name string, token int64) (boo
 // failed otherwise, ran is true with its error, and the connection (with
 // its doorbell, which wakes the waiters) is dropped for a new one.
 func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
-	b := &s.bell
-	if o.ticket || !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+	if o.ticket {
 		return false, nil, nil
 	}
-	defer b.mu.Unlock()
-	if b.c == nil {
-		return false, nil, nil // the goroutine takes one (runBell)
-	}
-	if !b.c.Alive(ctx) {
-		// The server dropped the connection while it was idle (its doorbell
-		// went with it, which woke the waiters): take a new one, and free
-		// the row on another connection.
-		s.loseBell()
-		return false, nil, nil
-	}
-	sctx := s.stopped
-	if ctx.Done() != nil {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(s.stopped, cancel)()
-	}
-	stmt := s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
-	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
-	if err != nil {
-		if !connpool.Reusable(err) {
-			s.loseBell()
+	stmt := s.ringInStmt()
+	ran = s.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
+		res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
+			return st.ExecContext(ctx, next, next, cur, o.name, s.id, o.token)
+		}, 0)
+		rang := int64(0)
+		if err == nil {
+			if n, _ := res.RowsAffected(); n > 0 {
+				rang, _ = res.LastInsertId()
+			}
 		}
-		return false, nil, nil // not sent
-	}
-	asked := b.asked.Swap(false) // this statement may ring instead
-	res, err = retryRolledBackN(sctx, func() (sql.Result, error) {
-		return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
-	}, 0)
-	rang := int64(0)
-	if err == nil {
-		if n, _ := res.RowsAffected(); n > 0 {
-			rang, _ = res.LastInsertId()
+		switch {
+		case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205):
+			// Refused syntax, or the row locked for a second: the
+			// statement did nothing.
+			res, err = nil, nil
+			return ringNotRun
+		case errors.Is(err, driver.ErrBadConn):
+			res, err = nil, nil
+			return ringBadConn // nothing was sent
+		case err != nil || rang == 1:
+			// The statement failed, maybe after it rang, or it rang
+			// without taking the next generation.
+			return ringBroken
+		case rang == 2:
+			return ringRang
 		}
-	}
-	if asked && rang != 2 {
-		b.asked.Store(true)
-	}
-	ran = true
-	switch {
-	case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205), errors.Is(err, driver.ErrBadConn):
-		// Refused syntax, or the row locked for a second: the statement
-		// did nothing. A bad connection: nothing was sent.
-		if errors.Is(err, driver.ErrBadConn) {
-			s.loseBell()
-		}
-		ran, res, err = false, nil, nil
-	case err != nil || rang == 1:
-		// The statement failed, maybe after it rang, or it rang without
-		// taking the next generation: drop the connection (and with it
-		// whatever doorbell it holds) and have the goroutine take a new one.
-		s.loseBell()
-	case rang == 2:
-		b.gen++
-	}
-	if b.c == nil || b.published != b.gen || b.asked.Load() {
-		s.nudgeBell()
-	}
+		return ringNone
+	})
 	return ran, res, err
+}
+
+// ringInStmt is the statement that freeRinging runs on the doorbell's
+// connection (qLockReleaseRing, or its variant that waits a second at
+// most for the row lock); takeBell prepares it on a new doorbell
+// connection.
+func (s *Session) ringInStmt() stmtIndex {
+	return s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):

@@ -248,7 +248,7 @@ func (mw *mutexWait) poll(ctx context.Context, w *waitState, d time.Duration) ti
 	return d
 }
 
-// Starving waiters that poll (no doorbell, see bell.go; a waiter on a
+// Starving waiters that poll (no doorbell, see doorbell.go; a waiter on a
 // doorbell claims the next hold at once): a Lock that has waited
 // starveAfter claims the next hold of the lock for claimFor, renewing its
 // claim while it waits, and polls every claimPoll. The claim bounds how
@@ -256,13 +256,11 @@ func (mw *mutexWait) poll(ctx context.Context, w *waitState, d time.Duration) ti
 // holder's own process re-acquiring at once (its node commits first on a
 // cluster), to about starveAfter plus one hold. On a single server a
 // shorter starveAfter makes claims, and the idle row between a release and
-// the claimant's next poll, common under ordinary contention (at 20ms, 6
-// goroutines of 3 sessions made 44% fewer acquisitions); on a Galera
-// cluster, where the holder's node wins most races, galeraStarveAfter
-// evens out the nodes' shares: over 10s of 3-node contention the slowest
-// node got 9-21% of the acquisitions at 100ms, 16-24% at 20ms (8 runs) and
-// 23-28% at 10ms (6 runs, with about a fifth fewer acquisitions than at
-// 20ms; TestGaleraMutexShares).
+// the claimant's next poll, common under ordinary contention, which costs
+// acquisitions; on a Galera cluster, where the holder's node wins most
+// races, a short galeraStarveAfter evens out the nodes' shares, at some
+// cost in acquisitions (TestGaleraMutexShares). The measurements behind
+// both values are in docs/CONSTANTS.md.
 const (
 	starveAfter       = 100 * time.Millisecond
 	galeraStarveAfter = 10 * time.Millisecond
@@ -384,8 +382,8 @@ func (m *Mutex) notHeld() error {
 // unarmedPolls is how many times a Mutex waiter that finds the holder
 // without a doorbell polls soon (after claimPoll) before it polls for
 // pollFor: a session takes its doorbell right after its first
-// acquisition, and a waiter arriving just then would otherwise wait 100ms
-// (bench's contention scenario saw 115-160ms waits in its first 30ms).
+// acquisition, and a waiter arriving just then would otherwise wait
+// pollFor (see docs/CONSTANTS.md).
 const unarmedPolls = 5
 
 // awaitBell waits for the release of the Mutex row by blocking on its
