@@ -2,11 +2,10 @@ package dsync
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/cenkalti/backoff/v4"
 )
 
 // A Mutex is a mutual exclusion lock shared by every process whose
@@ -151,24 +150,13 @@ func (m *Mutex) enterAcquire(ctx context.Context, l *localLock, wait bool) (fenc
 }
 
 // acquire takes the lock row, waiting on the holder's doorbell (see
-// bell.go), or polling with back-off where there is none, while others
-// hold it when wait is set. It returns the fence and token of the acquisition, or a
-// zero fence when wait is false and the row is held.
+// doorbell.go), or polling with back-off where there is none, while others
+// hold it when wait is set (see waitFor). It returns the fence and token
+// of the acquisition, or a zero fence when wait is false and the row is
+// held.
 func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err error) {
 	m.s.acquiring.Add(1)
 	defer m.s.acquiring.Add(-1)
-	var b backoff.BackOff
-	var timer *time.Timer
-	var started, claimed time.Time // when this call began waiting, and last claimed
-	var bells bellState            // see awaitBell
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-		if (!claimed.IsZero() || bells.wanted) && fence == 0 {
-			m.unclaim(ctx, bells.wanted)
-		}
-	}()
 	if !wait && m.s.noWaitOff.Load() {
 		// A TryLock where the server has no statements that do not wait
 		// (MySQL; see execNoWait) reads the row first: its statements
@@ -178,100 +166,89 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 			return 0, 0, err
 		}
 	}
-	for attempt := 0; ; attempt++ {
-		token = m.s.nextToken()
-		// The first attempt tries the cheap statement for a free row; when it
-		// misses, the full one decides at once, and polls use only the full
-		// one. A waiter woken by a doorbell tries the cheap one, waiting
-		// briefly for the row lock of the release that rang (see
-		// freeRinging); the next attempt, after the doorbell is read again,
-		// decides the rest.
-		mode := rowFull
-		switch {
-		case bells.woken:
-			mode = rowWoken
-		case attempt == 0:
-			mode = rowFast
+	mw := &mutexWait{m: m}
+	taken, err := m.s.waitFor(ctx, wait, &waitPolicy{
+		try:      mw.try,
+		retrying: mw.retrying,
+		bell:     mw.awaitBell,
+		poll:     mw.poll,
+	})
+	if !taken {
+		if !mw.claimed.IsZero() || mw.wanted {
+			m.unclaim(ctx, mw.wanted)
 		}
-		bells.woken = false
-		fence, err = m.s.acquireRow(ctx, m.name, token, mode)
-		if mode == rowFast && err == nil && fence == 0 {
-			fence, err = m.s.acquireRow(ctx, m.name, token, rowFull)
-		}
-		switch {
-		case err == nil && fence > 0:
-			return fence, token, nil
-		case err == nil && !wait:
-			return 0, 0, nil
-		case err != nil && ctx.Err() != nil:
-			return 0, 0, ctx.Err()
-		case err != nil && m.s.Err() != nil:
-			return 0, 0, m.s.Err()
-		case err != nil && (!wait || !retryable(err)):
-			return 0, 0, err
-		case err != nil:
-			m.s.logger.Debug("dsync: acquire failed; retrying", "lock", m.name, "kind", kindMutex, "err", err)
-		}
-		noteWait(ctx) // this call waits (see Stats)
-		if b == nil {
-			b = m.s.opts.newBackOff()
-			started = time.Now()
-			bells.since = started
-		}
-		d := b.NextBackOff()
-		if d == backoff.Stop {
-			return 0, 0, ErrNotObtained
-		}
-		out := waitPoll
-		if err == nil {
-			out = m.awaitBell(ctx, &bells)
-		}
-		switch {
-		case out == waitTry:
-			// Woken by a doorbell, or its wait timed out, or nobody
-			// holds the lock now: try again at once.
-			if err := ctx.Err(); err != nil {
-				return 0, 0, err
-			}
-			if err := m.s.Err(); err != nil {
-				return 0, 0, err
-			}
-			continue
-		case out == waitPace:
-			d = bells.nextPace()
-		case err == nil && !bells.selfHeld && time.Since(started) >= m.s.starveAfter():
-			// (A row this session holds itself, under a token it no longer
-			// knows, is freed by the reaper: claiming it would only poll
-			// it faster.)
-			// Waited long: claim the next hold, so that neither the holder's
-			// process nor a faster poller takes it first, and poll often.
-			if claimed.IsZero() || time.Since(claimed) >= claimFor/3 {
-				if m.claim(ctx) {
-					claimed = time.Now()
-				} else {
-					claimed = time.Time{} // another waiter's claim is current
-				}
-			}
-			if !claimed.IsZero() {
-				d = min(d, claimPoll) // only the claimant polls fast
-			}
-		}
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			return 0, 0, ctx.Err()
-		case <-m.s.done:
-			return 0, 0, m.s.Err()
-		}
+		return 0, 0, err
 	}
+	return mw.fence, mw.token, nil
 }
 
-// Starving waiters that poll (no doorbell, see bell.go; a waiter on a
+// mutexWait is the Mutex's policy in one Lock call's waitFor, and what it
+// remembers between attempts beyond waitState.
+type mutexWait struct {
+	m            *Mutex
+	fence, token int64     // the last attempt's
+	claimed      time.Time // when this call last claimed the next hold; zero: no claim of its own
+	wanted       bool      // qLockWant was sent: it may have claimed the next hold
+	wantedAt     time.Time // when qLockWant was last sent
+	unwanted     bool      // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
+	selfHeld     bool      // the row was last seen held by this session itself
+	unarmed      int       // times the holder was found without a doorbell (see unarmedPolls)
+}
+
+// try makes one attempt at the lock row. The first attempt tries the
+// cheap statement for a free row; when it misses, the full one decides at
+// once, and polls use only the full one. A waiter woken by a doorbell
+// tries the cheap one, waiting briefly for the row lock of the release
+// that rang (see freeRinging); the next attempt, after the doorbell is
+// read again, decides the rest.
+func (mw *mutexWait) try(ctx context.Context, w *waitState) (bool, error) {
+	m := mw.m
+	mw.token = m.s.nextToken()
+	mode := rowFull
+	switch {
+	case w.bells.woken:
+		mode = rowWoken
+	case w.attempt == 0:
+		mode = rowFast
+	}
+	w.bells.woken = false
+	fence, err := m.s.acquireRow(ctx, m.name, mw.token, mode)
+	if mode == rowFast && err == nil && fence == 0 {
+		fence, err = m.s.acquireRow(ctx, m.name, mw.token, rowFull)
+	}
+	mw.fence = fence
+	return fence > 0, err
+}
+
+// retrying logs an attempt's retryable error.
+func (mw *mutexWait) retrying(err error) {
+	mw.m.s.logger.Debug("dsync: acquire failed; retrying", "lock", mw.m.name, "kind", kindMutex, "err", err)
+}
+
+// poll returns the delay of a poll without a doorbell: the back-off's d,
+// or, once the call has waited starveAfter, claimPoll while it holds the
+// claim on the next hold, so that neither the holder's process nor a
+// faster poller takes it first. (A row this session holds itself, under
+// a token it no longer knows, is freed by the reaper: claiming it would
+// only poll it faster.)
+func (mw *mutexWait) poll(ctx context.Context, w *waitState, d time.Duration) time.Duration {
+	if mw.selfHeld || time.Since(w.started) < mw.m.s.starveAfter() {
+		return d
+	}
+	if mw.claimed.IsZero() || time.Since(mw.claimed) >= claimFor/3 {
+		if mw.m.claim(ctx) {
+			mw.claimed = time.Now()
+		} else {
+			mw.claimed = time.Time{} // another waiter's claim is current
+		}
+	}
+	if !mw.claimed.IsZero() {
+		d = min(d, claimPoll) // only the claimant polls fast
+	}
+	return d
+}
+
+// Starving waiters that poll (no doorbell, see doorbell.go; a waiter on a
 // doorbell claims the next hold at once): a Lock that has waited
 // starveAfter claims the next hold of the lock for claimFor, renewing its
 // claim while it waits, and polls every claimPoll. The claim bounds how
@@ -279,13 +256,11 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 // holder's own process re-acquiring at once (its node commits first on a
 // cluster), to about starveAfter plus one hold. On a single server a
 // shorter starveAfter makes claims, and the idle row between a release and
-// the claimant's next poll, common under ordinary contention (at 20ms, 6
-// goroutines of 3 sessions made 44% fewer acquisitions); on a Galera
-// cluster, where the holder's node wins most races, galeraStarveAfter
-// evens out the nodes' shares: over 10s of 3-node contention the slowest
-// node got 9-21% of the acquisitions at 100ms, 16-24% at 20ms (8 runs) and
-// 23-28% at 10ms (6 runs, with about a fifth fewer acquisitions than at
-// 20ms; TestGaleraMutexShares).
+// the claimant's next poll, common under ordinary contention, which costs
+// acquisitions; on a Galera cluster, where the holder's node wins most
+// races, a short galeraStarveAfter evens out the nodes' shares, at some
+// cost in acquisitions (TestGaleraMutexShares). The measurements behind
+// both values are in docs/CONSTANTS.md.
 const (
 	starveAfter       = 100 * time.Millisecond
 	galeraStarveAfter = 10 * time.Millisecond
@@ -308,7 +283,7 @@ func (s *Session) starveAfter() time.Duration {
 // reports whether the claim is its own now. A failure only means waiting
 // as before.
 func (m *Mutex) claim(ctx context.Context) bool {
-	ok, err := m.s.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, m.s.id, claimFor.Microseconds(), m.name, m.s.id)
+	ok, err := m.s.claimRow(ctx, m.name, claimFor)
 	if err != nil {
 		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -327,7 +302,7 @@ func (m *Mutex) claim(ctx context.Context) bool {
 func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
-	dropped, err := m.s.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, m.name, m.s.id)
+	dropped, err := m.s.unclaimRow(ctx, m.name)
 	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -402,4 +377,73 @@ func (m *Mutex) notHeld() error {
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
 	}
 	return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotHeld)
+}
+
+// unarmedPolls is how many times a Mutex waiter that finds the holder
+// without a doorbell polls soon (after claimPoll) before it polls for
+// pollFor: a session takes its doorbell right after its first
+// acquisition, and a waiter arriving just then would otherwise wait
+// pollFor (see docs/CONSTANTS.md).
+const unarmedPolls = 5
+
+// awaitBell waits for the release of the Mutex row by blocking on its
+// holder's doorbell (see doorbell.go), and tells waitFor what to do next
+// (see waitOutcome and bellState.judge).
+func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
+	m, s, st := mw.m, mw.m.s, &w.bells
+	if !s.bells() || time.Now().Before(st.pollUntil) {
+		return waitPoll
+	}
+	s.armBell() // waiters behind this one wait on its doorbell
+	if st.pace == 0 || time.Since(mw.wantedAt) >= paceCap {
+		// (A paced waiter said so less than paceCap ago, for longer than
+		// any block that may follow: nothing to renew.)
+		mw.wanted, mw.wantedAt = true, time.Now()
+		err := s.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
+		mw.unwanted = isErrNo(err, 1205)
+		if err != nil && !mw.unwanted {
+			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+			return waitPace
+		}
+	}
+	ref, left, fence, err := s.lockBell(ctx, m.name)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+		return waitPace
+	}
+	ref, block, out := st.judge(err == nil, ref, fence)
+	if !block {
+		return out
+	}
+	if ref.gen == 0 && ref.id != s.id && mw.unarmed < unarmedPolls {
+		// The holder has no doorbell yet: it takes one right after its
+		// first acquisition, within a few milliseconds. Poll soon, a few
+		// times, before polling for pollFor.
+		mw.unarmed++
+		st.soon = true
+		return waitPace
+	}
+	mw.selfHeld = ref.id == s.id
+	most := bellWait
+	if mw.unwanted {
+		// The row was locked (a LockTx transaction, whose session rings
+		// when it ends; or a statement that held it for longer than the
+		// no-wait tries): wanted_until may not be written, so a release
+		// need not ring. Block no longer than the pace's cap.
+		most = paceCap
+	}
+	out = waitPoll
+	if ref.gen != 0 && ref.id != s.id {
+		out = s.waitBell(ctx, ref, left, most, st, m.name, kindMutex)
+	} else {
+		st.pollUntil = time.Now().Add(pollFor)
+	}
+	if out == waitPoll {
+		// No doorbell to block on (the session has none, or it is this
+		// one, holding the row under a token it no longer knows, until the
+		// reaper frees it), or no connection: poll for a while, without
+		// the long claim of a doorbell waiter.
+		m.unclaim(ctx, false)
+	}
+	return out
 }

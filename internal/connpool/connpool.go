@@ -465,3 +465,72 @@ func (p *Pool) Dedicated(ctx context.Context) (*Conn, error) {
 // Close closes a connection from [Pool.Dedicated] without returning it to
 // the *sql.DB's pool.
 func (c *Conn) Close() { c.discard() }
+
+// Kept keeps dedicated connections (see [Pool.Dedicated]) for reuse by
+// one owner, with a cap on how many are open at once, idle or in use. Its
+// zero value is empty and open. It is safe for concurrent use.
+type Kept struct {
+	mu     sync.Mutex
+	idle   []*Conn // guarded by mu
+	open   int     // guarded by mu; connections open, idle or in use
+	closed bool    // guarded by mu; keep none from now on
+}
+
+// Get returns an idle connection (the one kept last), or opens one of p's
+// dedicated connections while fewer than most are open. It returns nil
+// when most are open, after Close, or when none can be opened.
+func (k *Kept) Get(ctx context.Context, p *Pool, most int) *Conn {
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil
+	}
+	if n := len(k.idle); n > 0 {
+		c := k.idle[n-1]
+		k.idle = k.idle[:n-1]
+		k.mu.Unlock()
+		return c
+	}
+	if k.open >= most {
+		k.mu.Unlock()
+		return nil
+	}
+	k.open++
+	k.mu.Unlock()
+	c, err := p.Dedicated(ctx)
+	if err != nil {
+		k.mu.Lock()
+		k.open--
+		k.mu.Unlock()
+		return nil
+	}
+	return c
+}
+
+// Put gives back c, from Get: it keeps it for the next Get when keep is
+// set and Close was not called, else closes it.
+func (k *Kept) Put(c *Conn, keep bool) {
+	k.mu.Lock()
+	if keep && !k.closed {
+		k.idle = append(k.idle, c)
+		k.mu.Unlock()
+		return
+	}
+	k.open--
+	k.mu.Unlock()
+	c.Close()
+}
+
+// Close closes the idle connections and keeps none from now on: those in
+// use are closed when put back, and Get returns nil.
+func (k *Kept) Close() {
+	k.mu.Lock()
+	k.closed = true
+	idle := k.idle
+	k.idle = nil
+	k.open -= len(idle)
+	k.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+}

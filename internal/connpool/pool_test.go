@@ -258,3 +258,41 @@ func TestPoolWithoutReserve(t *testing.T) {
 	p.Put(n, nil)
 	p.Put(c, nil)
 }
+
+// TestKeptCapsAndReuses checks the cache of dedicated connections: at most
+// most open at once, a kept one handed out again, none after Close.
+func TestKeptCapsAndReuses(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	var k connpool.Kept
+	t.Cleanup(k.Close)
+	a, b := k.Get(ctx, p, 2), k.Get(ctx, p, 2)
+	if a == nil || b == nil {
+		t.Fatalf("got %v, %v; want two connections", a, b)
+	}
+	if c := k.Get(ctx, p, 2); c != nil {
+		t.Fatalf("third Get with most 2: got %v; want nil", c)
+	}
+	if got := queryString(t, ctx, p, a, 0); got != "+03:00" {
+		t.Fatalf("time_zone: got %v; want +03:00", got)
+	}
+	id := queryString(t, ctx, p, a, 1)
+	k.Put(a, true)
+	if c := k.Get(ctx, p, 2); c != a {
+		t.Fatalf("Get after Put(keep): got %p; want the kept %p", c, a)
+	}
+	if got := queryString(t, ctx, p, a, 1); got != id {
+		t.Fatalf("kept connection id: got %v; want %v", got, id)
+	}
+	k.Put(a, false) // closed: room for one more
+	c := k.Get(ctx, p, 2)
+	if c == nil || c == a {
+		t.Fatalf("Get after Put(close): got %p; want a new connection", c)
+	}
+	k.Put(c, true)
+	k.Close()
+	if c := k.Get(ctx, p, 2); c != nil {
+		t.Fatalf("Get after Close: got %v; want nil", c)
+	}
+	k.Put(b, true) // closed, not kept
+}

@@ -3,7 +3,6 @@ package dsync
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -97,14 +96,9 @@ type doorbell struct {
 	published int64          // guarded by mu; the generation in the lease row
 }
 
-// bellWaiter is the waiter side: connections blocked on, or kept for
-// blocking on, other sessions' doorbells.
-type bellWaiter struct {
-	mu     sync.Mutex
-	idle   []*connpool.Conn // guarded by mu
-	open   int              // guarded by mu; connections open, idle or in use
-	closed bool             // guarded by mu; the session ended: keep none
-}
+// bellWaiter is the waiter side's connections: those blocked on, or kept
+// for blocking on, other sessions' doorbells, at most bellWaiters open.
+type bellWaiter struct{ conns connpool.Kept }
 
 // armBell starts the session's doorbell, once, after its first
 // acquisition or when it first waits, off the caller's path. It does nothing on a Galera cluster,
@@ -265,7 +259,7 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 		// Prepared now, so that a release that rings on c costs no more
 		// round trips than one on any other connection. A failure only
 		// leaves it to be prepared at first use.
-		_, _ = c.Stmt(ctx, s.pool, int(s.noWait(sLockReleaseRing, sLockReleaseRingBrief)))
+		_, _ = c.Stmt(ctx, s.pool, int(s.ringInStmt()))
 	}
 	if err == nil {
 		err = s.publishBell(ctx, c, gen)
@@ -290,35 +284,44 @@ func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
 	return s.publishBell(ctx, c, gen+1)
 }
 
-// freeRinging frees the Mutex row o as free does, but on the doorbell's
-// connection, with the ring in the same statement when sessions wait for
-// the row (qLockReleaseRing): a woken waiter's statement is then on its
-// way while the release commits, a statement sooner than a ring after the
-// release. The goroutine publishes the new generation.
-//
-// ran is false when the statement had no effect and the caller must free
-// o as before, on a pool connection: o is a ticket; the session is ending
-// or closing; ctx has ended; the doorbell is not taken, or its connection
-// is in use, or was dropped by the server while idle; or the statement
-// was not sent, or met the row locked for a second (it waits no longer,
-// so that it never holds up the doorbell goroutine). When the statement
-// failed otherwise, ran is true with its error, and the connection (with
-// its doorbell, which wakes the waiters) is dropped for a new one.
-func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
+// ringResult is what a statement that ringIn ran on the doorbell's
+// connection did with the doorbell.
+type ringResult int
+
+const (
+	ringNotRun  ringResult = iota // it did nothing (refused, or met its row locked); the connection is kept
+	ringBadConn                   // nothing was sent: the connection is bad
+	ringNone                      // it ran without ringing
+	ringRang                      // it took the next generation and let the current one go
+	ringBroken                    // it failed, maybe after it rang, or it rang without taking the next generation
+)
+
+// ringIn lends the doorbell's connection to a statement that may ring the
+// doorbell in itself (freeRinging): it prepares stmt there and calls run
+// with it, a ctx that also ends with the session, and the GET_LOCK names
+// of the next generation and the current one. It reports whether the
+// statement ran (see ringResult); false when it was not sent: the session
+// is ending or closing; ctx has ended; the doorbell is not taken, or its
+// connection is in use, or was dropped by the server while idle; or the
+// statement could not be prepared. A connection that failed (ringBadConn,
+// ringBroken; a prepare that broke it) is dropped with its doorbell,
+// which wakes the waiters, and the goroutine takes a new one and
+// publishes the generation.
+func (s *Session) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult) bool {
 	b := &s.bell
-	if o.ticket || !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
-		return false, nil, nil
+	if !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+		return false
 	}
 	defer b.mu.Unlock()
 	if b.c == nil {
-		return false, nil, nil // the goroutine takes one (runBell)
+		return false // the goroutine takes one (runBell)
 	}
 	if !b.c.Alive(ctx) {
 		// The server dropped the connection while it was idle (its doorbell
-		// went with it, which woke the waiters): take a new one, and free
-		// the row on another connection.
+		// went with it, which woke the waiters): take a new one, and let
+		// the caller run its statement on another connection.
 		s.loseBell()
-		return false, nil, nil
+		return false
 	}
 	sctx := s.stopped
 	if ctx.Done() != nil {
@@ -327,48 +330,36 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		defer cancel()
 		defer context.AfterFunc(s.stopped, cancel)()
 	}
-	stmt := s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
 	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
 	if err != nil {
 		if !connpool.Reusable(err) {
 			s.loseBell()
 		}
-		return false, nil, nil // not sent
+		return false // not sent
 	}
 	asked := b.asked.Swap(false) // this statement may ring instead
-	res, err = retryRolledBackN(sctx, func() (sql.Result, error) {
-		return st.ExecContext(sctx, bellName(s.id, b.gen+1), bellName(s.id, b.gen+1), bellName(s.id, b.gen), o.name, s.id, o.token)
-	}, 0)
-	rang := int64(0)
-	if err == nil {
-		if n, _ := res.RowsAffected(); n > 0 {
-			rang, _ = res.LastInsertId()
-		}
-	}
-	if asked && rang != 2 {
+	r := run(sctx, st, bellName(s.id, b.gen+1), bellName(s.id, b.gen))
+	if asked && r != ringRang {
 		b.asked.Store(true)
 	}
-	ran = true
-	switch {
-	case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205), errors.Is(err, driver.ErrBadConn):
-		// Refused syntax, or the row locked for a second: the statement
-		// did nothing. A bad connection: nothing was sent.
-		if errors.Is(err, driver.ErrBadConn) {
-			s.loseBell()
-		}
-		ran, res, err = false, nil, nil
-	case err != nil || rang == 1:
-		// The statement failed, maybe after it rang, or it rang without
-		// taking the next generation: drop the connection (and with it
-		// whatever doorbell it holds) and have the goroutine take a new one.
+	ran := true
+	switch r {
+	case ringNotRun:
+		ran = false
+	case ringBadConn:
 		s.loseBell()
-	case rang == 2:
+		ran = false
+	case ringBroken:
+		// Drop the connection (and with it whatever doorbell it holds)
+		// and have the goroutine take a new one.
+		s.loseBell()
+	case ringRang:
 		b.gen++
 	}
 	if b.c == nil || b.published != b.gen || b.asked.Load() {
 		s.nudgeBell()
 	}
-	return ran, res, err
+	return ran
 }
 
 // loseBell drops the doorbell's connection (b.mu held), which lets its
@@ -410,15 +401,9 @@ type bellState struct {
 	nobodyFence int64            // the lock's fence then
 	nobodyPaced bool             // and it has paced itself since, with that fence
 	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
-	unwanted    bool             // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
-	wanted      bool             // qLockWant was sent: it may have claimed the next hold
-	wantedAt    time.Time        // when qLockWant was last sent
 	pollUntil   time.Time        // poll without trying doorbells until then
-	selfHeld    bool             // the row was last seen held by this session itself
 	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
-	unarmed     int              // times the holder was found without a doorbell (see unarmedPolls)
 	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
-	since       time.Time        // when the Lock began to wait (a claim goes to the longest waiter)
 }
 
 // waitOutcome is what a waiter's doorbell step (awaitBell,
@@ -521,92 +506,6 @@ func (st *bellState) wokeFrom(ref bellRef) {
 // first one right then), or itself, or no connection to block on.
 const pollFor = 100 * time.Millisecond
 
-// unarmedPolls is how many times a Mutex waiter that finds the holder
-// without a doorbell polls soon (after claimPoll) before it polls for
-// pollFor: a session takes its doorbell right after its first
-// acquisition, and a waiter arriving just then would otherwise wait 100ms
-// (bench's contention scenario saw 115-160ms waits in its first 30ms).
-const unarmedPolls = 5
-
-// awaitBell waits for the release of the Mutex row name by blocking on its
-// holder's doorbell (see the doorbell comment above), and tells the
-// caller's loop what to do next (see waitOutcome and judge).
-func (m *Mutex) awaitBell(ctx context.Context, st *bellState) waitOutcome {
-	s := m.s
-	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return waitPoll
-	}
-	s.armBell() // waiters behind this one wait on its doorbell
-	if st.pace == 0 || time.Since(st.wantedAt) >= paceCap {
-		// (A paced waiter said so less than paceCap ago, for longer than
-		// any block that may follow: nothing to renew.)
-		want := (bellWait + 2*time.Second).Microseconds()
-		st.wanted, st.wantedAt = true, time.Now()
-		waited := time.Since(st.since).Microseconds()
-		_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, want, s.id, waited, s.id, s.id, want, s.id, waited, m.name)
-		st.unwanted = isErrNo(err, 1205)
-		if err != nil && !st.unwanted {
-			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-			return waitPace
-		}
-	}
-	ref, left, fence, err := s.lockBell(ctx, m.name)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return waitPace
-	}
-	ref, block, out := st.judge(err == nil, ref, fence)
-	if !block {
-		return out
-	}
-	var c *connpool.Conn
-	switch {
-	case ref.gen == 0 && ref.id != s.id && st.unarmed < unarmedPolls:
-		// The holder has no doorbell yet: it takes one right after its
-		// first acquisition, within a few milliseconds. Poll soon, a few
-		// times, before polling for pollFor.
-		st.unarmed++
-		st.soon = true
-		return waitPace
-	case ref.gen != 0 && ref.id != s.id:
-		c = s.waiters.get(ctx, s)
-	}
-	st.selfHeld = ref.id == s.id
-	if c == nil {
-		// No doorbell to block on (the session has none, or it is this
-		// one, holding the row under a token it no longer knows, until the
-		// reaper frees it), or no connection: poll for a while, without
-		// the long claim of a doorbell waiter.
-		st.pollUntil = time.Now().Add(pollFor)
-		m.unclaim(ctx, false)
-		return waitPoll
-	}
-	most := bellWait
-	if st.unwanted {
-		// The row was locked (a LockTx transaction, whose session rings
-		// when it ends; or a statement that held it for longer than the
-		// no-wait tries): wanted_until may not be written, so a release
-		// need not ring. Block no longer than the pace's cap.
-		most = paceCap
-	}
-	return s.waitBell(ctx, c, ref, left, most, m.name, kindMutex, st)
-}
-
-// lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
-// that session's doorbell, how long its lease has left in microseconds,
-// and the row's fence (0 when the row is missing); sql.ErrNoRows when
-// nobody live holds or claimed the row.
-func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
-	var id, gen, until sql.NullInt64
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)
-	})
-	if err == nil && !id.Valid {
-		err = sql.ErrNoRows
-	}
-	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
-}
-
 // withDedicated runs f under a ctx that also ends with the session, then
 // keeps c for the next waiter, or closes it when the call failed or ended
 // with ctx.
@@ -636,114 +535,25 @@ func (s *Session) bells() bool {
 // get returns a connection to block on a doorbell with, or nil when the
 // session has bellWaiters blocked already or none can be opened.
 func (w *bellWaiter) get(ctx context.Context, s *Session) *connpool.Conn {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		return nil
-	}
-	if n := len(w.idle); n > 0 {
-		c := w.idle[n-1]
-		w.idle = w.idle[:n-1]
-		w.mu.Unlock()
-		return c
-	}
-	if w.open >= bellWaiters {
-		w.mu.Unlock()
-		return nil
-	}
-	w.open++
-	w.mu.Unlock()
-	c, err := s.pool.Dedicated(ctx)
-	if err != nil {
-		w.mu.Lock()
-		w.open--
-		w.mu.Unlock()
-		return nil
-	}
-	return c
+	return w.conns.Get(ctx, s.pool, bellWaiters)
 }
 
 // put keeps c for the next waiter when keep is set, else closes it.
-func (w *bellWaiter) put(c *connpool.Conn, keep bool) {
-	w.mu.Lock()
-	if keep && !w.closed {
-		w.idle = append(w.idle, c)
-		w.mu.Unlock()
-		return
-	}
-	w.open--
-	w.mu.Unlock()
-	c.Close()
-}
+func (w *bellWaiter) put(c *connpool.Conn, keep bool) { w.conns.Put(c, keep) }
 
 // closeIdle closes the idle connections (the session has ended; those in
 // use are closed when put back).
-func (w *bellWaiter) closeIdle() {
-	w.mu.Lock()
-	w.closed = true
-	idle := w.idle
-	w.idle = nil
-	w.open -= len(idle)
-	w.mu.Unlock()
-	for _, c := range idle {
-		c.Close()
-	}
-}
+func (w *bellWaiter) closeIdle() { w.conns.Close() }
 
-// awaitTicketBell waits for the nearest conflicting ticket ahead of w to
-// go, by blocking on its session's doorbell after leaving a marker behind
-// it (qTicketWant), or, with no such ticket ahead, for the head slot's
-// holder to free it, and tells the caller's loop what to do next, as
-// awaitBell does.
-func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
-	if !s.bells() || time.Now().Before(st.pollUntil) {
-		return waitPoll
-	}
-	s.armBell() // waiters behind this one wait on its doorbell
-	var seq, left int64
-	var ref bellRef
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
-	})
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-		return waitPace
-	}
-	ref, block, out := st.judge(err == nil, ref, 0)
-	switch {
-	case !block:
-		return out
-	case ref.gen == 0 || ref.id == s.id:
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
-	}
-	if seq != 0 {
-		// A ticket ahead: leave a marker, so that its release rings. (The
-		// head slot's release rings whenever tickets exist, and this one
-		// committed before the slot's holder was read.)
-		res, err := s.exec(ctx, sTicketWant, name, seq)
-		if err != nil {
-			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
-			return waitPace
-		}
-		if there, _ := res.LastInsertId(); there != 1 {
-			return waitTry // the ticket ahead went meanwhile
-		}
-	}
-	c := s.waiters.get(ctx, s)
-	if c == nil {
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
-	}
-	return s.waitBell(ctx, c, ref, left, bellWait, name, kindQueue, st)
-}
-
-// waitBell blocks on c until doorbell ref rings, for at most most (a
-// whole number of seconds) or what the ringing session's lease has left
-// (left microseconds), or until ctx or the session ends. A doorbell that
-// is free at once (rung, or gone with its connection) or rings is recorded
+// waitBell blocks on a connection of its own (see bellWaiter) until
+// doorbell ref rings, for at most most (a whole number of seconds) or what
+// the ringing session's lease has left (left microseconds), or until ctx
+// or the session ends; name and kind are for its log. A doorbell that is
+// free at once (rung, or gone with its connection) or rings is recorded
 // in st (see judge); the caller tries again at once after it or after a
-// block that timed out, and paces itself after an error.
+// block that timed out, and paces itself after an error. When it has no
+// connection to block with it returns waitPoll, and the caller polls for
+// pollFor.
 //
 // The block's timeout is fractional: MariaDB's GET_LOCK honours it, so a
 // waiter overtakes a holder that stopped renewing within bellLate of its
@@ -752,7 +562,12 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 // block again and again at once), the waiter sleeps until the lease's end
 // instead, sending nothing; only a holder that stopped renewing gets that
 // close to its lease's end.
-func (s *Session) waitBell(ctx context.Context, c *connpool.Conn, ref bellRef, left int64, most time.Duration, name, kind string, st *bellState) waitOutcome {
+func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
+	c := s.waiters.get(ctx, s)
+	if c == nil {
+		st.pollUntil = time.Now().Add(pollFor)
+		return waitPoll
+	}
 	bell := bellName(ref.id, ref.gen)
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
