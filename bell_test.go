@@ -567,3 +567,40 @@ func TestUnlockWithEndedCtxKeepsDoorbell(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestShortLeaseWaitKeepsNoConnection: a waiter whose holder's lease has
+// less than a second left sleeps it out without a statement (MySQL's
+// GET_LOCK takes whole seconds). At the shortest TTL every wait is such a
+// wait; once the waiter has the lock, none of its doorbell-wait
+// connections may still count as in use (each one kept would be a server
+// connection open for the session's life, and after 8 the session's
+// waiters could no longer block on a doorbell).
+func TestShortLeaseWaitKeepsNoConnection(t *testing.T) {
+	ctx := context.Background()
+	holder := newSession(t, dsync.WithTTL(time.Second))
+	waiter := newSession(t)
+	name := lockName(t)
+	mh, mw := dsync.NewMutex(holder, name), dsync.NewMutex(waiter, name)
+	if err := mh.Lock(ctx); err != nil {
+		t.Fatalf("holder Lock: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		got <- mw.Lock(lctx)
+	}()
+	time.Sleep(2500 * time.Millisecond) // two or three waits on the holder's doorbell
+	if err := mh.Unlock(ctx); err != nil {
+		t.Fatalf("holder Unlock: %v", err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter Lock: %v", err)
+	}
+	if n := dsync.BellWaitConnsInUse(waiter); n != 0 {
+		t.Errorf("doorbell-wait connections in use after the wait: got %d; want 0", n)
+	}
+	if err := mw.Unlock(ctx); err != nil {
+		t.Fatalf("waiter Unlock: %v", err)
+	}
+}

@@ -560,17 +560,15 @@ func (w *bellWaiter) closeIdle() { w.conns.Close() }
 // lease's end; MySQL's rounds it to whole seconds. With less than a second
 // left, which MySQL could round to no wait at all (and the waiter would
 // block again and again at once), the waiter sleeps until the lease's end
-// instead, sending nothing; only a holder that stopped renewing gets that
-// close to its lease's end.
+// instead, sending nothing, and on no connection. A holder that stopped
+// renewing gets that close to its lease's end; so does every holder whose
+// TTL is under about 1.2s (it renews every TTL/3), whose waiters thus
+// retry about once a second and are not woken by its release.
 func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
-	c := s.waiters.get(ctx, s)
-	if c == nil {
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
-	}
-	bell := bellName(ref.id, ref.gen)
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
+		// Sleep it out, on no connection: MySQL's GET_LOCK takes whole
+		// seconds.
 		t := time.NewTimer(limit)
 		defer t.Stop()
 		select {
@@ -581,6 +579,12 @@ func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most ti
 		}
 		return waitTry
 	}
+	c := s.waiters.get(ctx, s)
+	if c == nil {
+		st.pollUntil = time.Now().Add(pollFor)
+		return waitPoll
+	}
+	bell := bellName(ref.id, ref.gen)
 	timeout := limit.Seconds()
 	var got sql.NullInt64
 	err := s.withDedicated(ctx, c, func(ctx context.Context) error {

@@ -35,6 +35,10 @@ func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
 	return s.sweeper.sweep(time.Hour, age)
 }
 
+// BellWaitConnsInUse returns how many of s's connections for blocking on
+// other sessions' doorbells are in use: none once no Lock of s waits.
+func BellWaitConnsInUse(s *Session) int { return s.waiters.conns.InUse() }
+
 // SchemaVersion is the version of the tables this code reads and writes.
 const SchemaVersion = schemaVersion
 

@@ -507,6 +507,13 @@ func (k *Kept) Get(ctx context.Context, p *Pool, most int) *Conn {
 	return c
 }
 
+// InUse returns how many connections from Get have not been put back.
+func (k *Kept) InUse() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.open - len(k.idle)
+}
+
 // Put gives back c, from Get: it keeps it for the next Get when keep is
 // set and Close was not called, else closes it.
 func (k *Kept) Put(c *Conn, keep bool) {
