@@ -19,7 +19,7 @@ import "context"
 //
 // Every waiter takes a ticket when it starts waiting, numbered per name in
 // the order the database commits the tickets (on a Galera cluster too, see
-// the README's "Running on a cluster"), so the database, not a client's
+// docs/OPERATIONS.md, "Running on a cluster"), so the database, not a client's
 // clock, decides the order of arrival across all processes and goroutines. The lowest live ticket holds
 // the lock; the others wait in ticket order, and no fixed capacity limits
 // the line. Within one process, goroutines take their tickets one at a

@@ -263,13 +263,13 @@ func (s *Session) undo(ctx context.Context, o orphan) {
 // free releases the lock row or removes the ticket o names, if this
 // session's acquisition o.token still has it, and reports whether it did.
 // Whatever frees a row or ticket that others may wait for rings the
-// session's doorbell when they do (see bell.go): a lock row whose
+// session's doorbell when they do (see doorbell.go): a lock row whose
 // wanted_until is current, a ticket with a waiter's marker behind it.
 func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	if o.ticket {
 		return s.freeTicket(ctx, o) // see queue.go
 	}
-	ran, res, err := s.freeRinging(ctx, o) // see bell.go
+	ran, res, err := s.freeRinging(ctx, o) // see doorbell.go
 	switch {
 	case !ran:
 		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)

@@ -26,7 +26,7 @@ const (
 	// expires_at > UTC_TIMESTAMP(6). id is chosen at random by the session
 	// (never AUTO_INCREMENT, which can go back and hand a new session the id
 	// of a crashed one, with its stranded locks). bell is the generation of
-	// the session's doorbell (see bell.go), 0 while it has none.
+	// the session's doorbell (see doorbell.go), 0 while it has none.
 	qCreateLease = `CREATE TABLE IF NOT EXISTS {lease} (
   id         BIGINT       NOT NULL PRIMARY KEY,
   label      VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL,
@@ -58,7 +58,7 @@ const (
 	// releaser, back at once, does not win it from waiters that slept.
 	//
 	// wanted_until (server UTC) says that sessions wait for the lock until
-	// then: a release before it rings the holder's doorbell (see bell.go).
+	// then: a release before it rings the holder's doorbell (see doorbell.go).
 	//
 	// idle_since and idle_fence are the sweep's mark (see qLockSweepMark):
 	// when a sweep pass found the row free, and its fence then. Lock
@@ -500,7 +500,7 @@ WHERE name = ? AND ((holder = ? AND token = ?) OR (holder = 0 AND token = ? AND 
 	qTxLockSweepDelete = `DELETE FROM {txlock} WHERE name = ? AND used_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`
 )
 
-// Doorbell statements (see bell.go). GET_LOCK names are per server (not per
+// Doorbell statements (see doorbell.go). GET_LOCK names are per server (not per
 // database) and at most 64 characters: "dsync:" and the lease id and
 // generation in hexadecimal.
 const (
@@ -643,7 +643,7 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// qTicketAhead finds the nearest live ticket ahead of a waiting one
 	// that it conflicts with (see qTicketConflicts), its session's doorbell
 	// and how long that session's lease has left in microseconds: the
-	// waiter blocks on that doorbell (see bell.go). When no such ticket is
+	// waiter blocks on that doorbell (see doorbell.go). When no such ticket is
 	// ahead, a live holder of the head slot is, with seq 0: its release
 	// (qQueueRelease) rings whenever tickets exist, so the waiter leaves no
 	// marker. Args: name, ticket, mode, name. No row: nothing conflicting

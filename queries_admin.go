@@ -15,7 +15,7 @@ const (
 	// acquisition time, see qCreateLock) and waiters.
 	//
 	// Mutex waiters are not queued in the database: they block on the
-	// holder's doorbell, or poll (see bell.go). The only waiter the lock row
+	// holder's doorbell, or poll (see doorbell.go). The only waiter the lock row
 	// names is the one that has claimed the next hold (see qCreateLock), so
 	// waiters is 1 while a claim is current and 0 otherwise, however many
 	// wait. This column is the one place where that reading is made.
@@ -57,7 +57,7 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	// RowsAffected 1: freed; 0: no live lease held it. (Every matched row
 	// is changed, so clientFoundRows does not change the answer.)
 	// LastInsertId is the server's id of the connection that holds the
-	// holder's doorbell (see bell.go) when sessions wait for the lock
+	// holder's doorbell (see doorbell.go) when sessions wait for the lock
 	// (wanted_until), else 0: ForceRelease kills that connection
 	// (qKillBell), which wakes the waiters, as the holder's release would
 	// have rung it. The doorbell is the generation published in the lease

@@ -32,8 +32,8 @@ import (
 // statements, and each session that has locked or waited keeps a doorbell
 // connection, and up to 8 while waiting, kept idle for the next waits; and
 // one per [Mutex.LockTx] hold in progress, blocked until its transaction
-// ends, of which it keeps up to 4 idle for the next holds (see the
-// README's Connections section). With a limit, the sessions of one *sql.DB
+// ends, of which it keeps up to 4 idle for the next holds (see
+// docs/OPERATIONS.md, Connections). With a limit, the sessions of one *sql.DB
 // share a quarter of it, at least 2 and at most 4, or 1 when the limit is
 // 2 or 3 (then renewals only go first: they may wait for one lock
 // statement); a limit of 1 leaves the caller nothing, and NewSession
@@ -71,7 +71,7 @@ type Session struct {
 	closed  bool                 // guarded by mu; Close was called
 	locks   registry[localLock]  // in-process state of the Mutex names in use
 	queues  registry[localQueue] // the same for FairMutex and RWMutex names
-	bell    doorbell             // this session's doorbell (see bell.go)
+	bell    doorbell             // this session's doorbell (see doorbell.go)
 	waiters bellWaiter           // connections that wait on other sessions' doorbells
 
 	txHolds *txHolds // LockTx's goroutines, connections and records (see locktx.go)

@@ -10,7 +10,7 @@
 //
 //	go install github.com/dsynclock/dsync/cmd/dsync@latest
 //
-// The README's "Command line" section describes the flags, the exit
+// docs/OPERATIONS.md, section "The dsync command", describes the flags, the exit
 // statuses, the environment of the command, and how signals and terminals
 // are handled. Flags take one or two dashes (-ttl or --ttl) and go before
 // the lock name.
