@@ -196,7 +196,7 @@ func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
 	if b.c == nil {
 		c, err := s.takeBell(ctx, b.gen+1)
 		if err != nil {
-			if isErrNo(err, 1235) || ctx.Err() != nil {
+			if isErrNo(err, errNotSupportedYet) || ctx.Err() != nil {
 				s.mu.Lock()
 				b.off = ctx.Err() == nil
 				s.mu.Unlock()
@@ -382,15 +382,6 @@ func (s *Session) publishBell(ctx context.Context, c *connpool.Conn, gen int64) 
 	return err
 }
 
-// query runs prepared statement stmt on c and scans its one row into dest.
-func (s *Session) query(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args []any, dest ...any) error {
-	st, err := c.Stmt(ctx, s.pool, int(stmt))
-	if err != nil {
-		return err
-	}
-	return st.QueryRowContext(ctx, args...).Scan(dest...)
-}
-
 // bellRef names one generation of one session's doorbell.
 type bellRef struct{ id, gen int64 }
 
@@ -506,19 +497,6 @@ func (st *bellState) wokeFrom(ref bellRef) {
 // first one right then), or itself, or no connection to block on.
 const pollFor = 100 * time.Millisecond
 
-// withDedicated runs f under a ctx that also ends with the session, then
-// keeps c for the next waiter, or closes it when the call failed or ended
-// with ctx.
-func (s *Session) withDedicated(ctx context.Context, c *connpool.Conn, f func(context.Context) error) error {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(s.stopped, cancel)
-	err := f(sctx)
-	stop()
-	s.waiters.put(c, err == nil && sctx.Err() == nil && s.stopped.Err() == nil)
-	return err
-}
-
 // bells reports whether the session's waiters block on doorbells: not on
 // a Galera cluster, not when the server refused GET_LOCK, and not when the
 // *sql.DB limited its connections as the session started (doorbells take
@@ -587,7 +565,7 @@ func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most ti
 	bell := bellName(ref.id, ref.gen)
 	timeout := limit.Seconds()
 	var got sql.NullInt64
-	err := s.withDedicated(ctx, c, func(ctx context.Context) error {
+	err := s.withDedicated(ctx, c, s.waiters.put, func(ctx context.Context) error {
 		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
 	})
 	if err != nil {

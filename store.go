@@ -260,3 +260,26 @@ func (s *store) execCount(ctx context.Context, stmt stmtIndex, args ...any) (int
 	}
 	return res.RowsAffected()
 }
+
+// query runs prepared statement stmt on c and scans its one row into dest.
+func (s *store) query(ctx context.Context, c *connpool.Conn, stmt stmtIndex, args []any, dest ...any) error {
+	st, err := c.Stmt(ctx, s.pool, int(stmt))
+	if err != nil {
+		return err
+	}
+	return st.QueryRowContext(ctx, args...).Scan(dest...)
+}
+
+// withDedicated runs f on c, a connection of the caller's own keeping,
+// under a ctx that also ends with the session, then hands c to put, with
+// keep false when the call failed or ended with ctx or the session (put
+// then closes it).
+func (s *store) withDedicated(ctx context.Context, c *connpool.Conn, put func(c *connpool.Conn, keep bool), f func(context.Context) error) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.stopped, cancel)
+	err := f(sctx)
+	stop()
+	put(c, err == nil && sctx.Err() == nil && s.stopped.Err() == nil)
+	return err
+}
