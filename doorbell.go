@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,7 +65,7 @@ import (
 // of their own: one per session that has held or waited for a lock, and one per name
 // its process waits for, at most bellWaiters), or when a holder has no
 // doorbell (bell 0). A waiter blocks no longer than the holder's lease has
-// left (see waitBell), so a holder that stopped renewing (paused, cut off)
+// left (see bellWaiter.wait), so a holder that stopped renewing (paused, cut off)
 // is overtaken as soon as its lease ends.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
@@ -79,16 +80,26 @@ func bellName(id, gen int64) string { return fmt.Sprintf("dsync:%x:%x", id, gen)
 // doorbell is the holder side: a goroutine that takes the session's
 // doorbell when the session first holds a Mutex, rings it on request and
 // publishes its generations; and the connection that holds it, on which a
-// release may ring it in its own statement (freeRinging).
+// release may ring it in its own statement (freeRinging). It is given
+// what it needs of its session when made (newDoorbell), and holds no
+// *Session.
 type doorbell struct {
-	ring chan struct{} // a value: work for the goroutine (ring, publish, or take the doorbell)
+	store    *store           // runs its statements, on connections of its own
+	id       int64            // the session's lease id: the doorbell's name, and the lease row it publishes in
+	logger   *slog.Logger     // the session's
+	stopped  context.Context  // ends when Close starts or the session is lost: so does the goroutine
+	ringStmt func() stmtIndex // the statement a release rings in (see ringIn), prepared on each new connection
+	ended    func() bool      // whether the session was closed or has ended (see arm)
+
+	wake chan struct{} // a value: work for the goroutine (ring, publish, or take the doorbell)
 	done chan struct{} // closed when the goroutine returns
 
-	allowed bool        // set by NewSession: not Galera, no connection limit
-	armed   atomic.Bool // started, read without Session.mu
-	started bool        // guarded by Session.mu
-	off     bool        // guarded by Session.mu; the server refused GET_LOCK
-	asked   atomic.Bool // a ring was asked for (ringBell) and not done yet
+	allowed bool        // set by newDoorbell: not Galera, no connection limit
+	armed   atomic.Bool // started, read without armMu
+	armMu   sync.Mutex  // guards started and off
+	started bool        // guarded by armMu
+	off     bool        // guarded by armMu; the server refused GET_LOCK
+	asked   atomic.Bool // a ring was asked for (ring) and not done yet
 
 	mu        sync.Mutex     // held while c is in use
 	c         *connpool.Conn // guarded by mu; holds generation gen; nil: none now
@@ -96,75 +107,100 @@ type doorbell struct {
 	published int64          // guarded by mu; the generation in the lease row
 }
 
-// bellWaiter is the waiter side's connections: those blocked on, or kept
-// for blocking on, other sessions' doorbells, at most bellWaiters open.
-type bellWaiter struct{ conns connpool.Kept }
-
-// armBell starts the session's doorbell, once, after its first
-// acquisition or when it first waits, off the caller's path. It does nothing on a Galera cluster,
-// after the session has ended, or when the server refused GET_LOCK.
-func (s *Session) armBell() {
-	if s.bell.armed.Load() || !s.bell.allowed {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.bell.started || s.bell.off || s.closed || s.err != nil {
-		return
-	}
-	s.bell.started = true
-	s.bell.armed.Store(true)
-	go s.runBell()
+// newDoorbell returns the doorbell of session id, not started (see arm):
+// allowed is false on a Galera cluster or when the *sql.DB limits its
+// connections; stopped ends when the session does; ringStmt names the
+// statement a release rings in; ended reports whether the session was
+// closed or has ended.
+func newDoorbell(st *store, id int64, logger *slog.Logger, stopped context.Context, allowed bool, ringStmt func() stmtIndex, ended func() bool) *doorbell {
+	return &doorbell{store: st, id: id, logger: logger, stopped: stopped, ringStmt: ringStmt, ended: ended,
+		wake: make(chan struct{}, 1), done: make(chan struct{}), allowed: allowed}
 }
 
-// stopBell waits for the doorbell goroutine, which ends with the session
-// (closing its connection), and closes the idle waiting connections.
-func (s *Session) stopBell() {
-	s.mu.Lock()
-	started := s.bell.started
-	s.mu.Unlock()
+// arm starts the doorbell, once, after the session's first acquisition or
+// when it first waits, off the caller's path. It does nothing on a Galera
+// cluster, after the session was closed or has ended, or when the server
+// refused GET_LOCK.
+//
+// It asks ended while it holds armMu, and stop reads started under
+// armMu: Close marks the session closed before it stops the doorbell, so
+// either arm finds the session closed and starts nothing, or stop finds
+// the doorbell started and waits for its goroutine. (Lock order: armMu,
+// then the session's mutex, inside ended.)
+func (b *doorbell) arm() {
+	if b.armed.Load() || !b.allowed {
+		return
+	}
+	b.armMu.Lock()
+	defer b.armMu.Unlock()
+	if b.started || b.off || b.ended() {
+		return
+	}
+	b.started = true
+	b.armed.Store(true)
+	go b.run()
+}
+
+// stop waits for the doorbell goroutine, if it was started, which ends
+// with the session (closing its connection).
+func (b *doorbell) stop() {
+	b.armMu.Lock()
+	started := b.started
+	b.armMu.Unlock()
 	if started {
-		<-s.bell.done
+		<-b.done
 	}
-	s.waiters.closeIdle()
 }
 
-// ringBell asks the doorbell goroutine to ring, without waiting for it.
-func (s *Session) ringBell() {
-	s.bell.asked.Store(true)
-	s.nudgeBell()
+// usable reports whether the session's waiters block on doorbells: not on
+// a Galera cluster, not when the server refused GET_LOCK, and not when the
+// *sql.DB limited its connections as the session started (doorbells take
+// connections of their own, which would come out of the caller's share).
+func (b *doorbell) usable() bool {
+	if !b.allowed {
+		return false
+	}
+	b.armMu.Lock()
+	defer b.armMu.Unlock()
+	return !b.off
 }
 
-// nudgeBell wakes the doorbell goroutine, without waiting for it.
-func (s *Session) nudgeBell() {
+// ring asks the doorbell goroutine to ring, without waiting for it.
+func (b *doorbell) ring() {
+	b.asked.Store(true)
+	b.nudge()
+}
+
+// nudge wakes the doorbell goroutine, without waiting for it.
+func (b *doorbell) nudge() {
 	select {
-	case s.bell.ring <- struct{}{}:
+	case b.wake <- struct{}{}:
 	default: // it has been woken already, and looks at everything it does
 	}
 }
 
-// runBell holds the session's doorbell, rings it on request and publishes
+// run holds the session's doorbell, rings it on request and publishes
 // the generations that releases rang into place, until the session ends.
 // A failure drops the connection (which lets the doorbell go: its waiters
 // wake and poll) and takes a new generation on a new one.
-func (s *Session) runBell() {
-	defer close(s.bell.done)
-	defer s.dropBell()
+func (b *doorbell) run() {
+	defer close(b.done)
+	defer b.drop()
 	retry := time.NewTimer(pollFor)
 	retry.Stop()
 	defer retry.Stop()
 	retryIn := pollFor // after a failed take; doubles up to bellWait
 	for {
-		again, stop := s.tendBell(s.stopped)
+		again, stop := b.tend(b.stopped)
 		if stop {
 			return
 		}
 		if again {
 			continue
 		}
-		s.bell.mu.Lock()
-		failed := s.bell.c == nil
-		s.bell.mu.Unlock()
+		b.mu.Lock()
+		failed := b.c == nil
+		b.mu.Unlock()
 		var retryC <-chan time.Time
 		if failed {
 			// A doorbell that could not be taken is tried again soon, and
@@ -177,35 +213,34 @@ func (s *Session) runBell() {
 			retryIn = pollFor
 		}
 		select {
-		case <-s.stopped.Done():
+		case <-b.stopped.Done():
 			return
-		case <-s.bell.ring:
+		case <-b.wake:
 		case <-retryC:
 		}
 	}
 }
 
-// tendBell does what the doorbell needs now: takes it when there is none,
+// tend does what the doorbell needs now: takes it when there is none,
 // rings it when asked, or publishes the generation that a release rang
 // into place. It reports again when it should run again at once (the
 // connection failed), stop when the goroutine should end.
-func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
-	b := &s.bell
+func (b *doorbell) tend(ctx context.Context) (again, stop bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.c == nil {
-		c, err := s.takeBell(ctx, b.gen+1)
+		c, err := b.take(ctx, b.gen+1)
 		if err != nil {
 			if isErrNo(err, errNotSupportedYet) || ctx.Err() != nil {
-				s.mu.Lock()
+				b.armMu.Lock()
 				b.off = ctx.Err() == nil
-				s.mu.Unlock()
+				b.armMu.Unlock()
 				if ctx.Err() == nil {
-					s.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
+					b.logger.Info("dsync: the server refuses GET_LOCK; waiters poll", "err", err)
 				}
 				return false, true
 			}
-			s.logger.Debug("dsync: doorbell failed", "err", err)
+			b.logger.Debug("dsync: doorbell failed", "err", err)
 			b.gen++ // a connection of the failed attempt may hold it yet
 			return false, false
 		}
@@ -216,42 +251,42 @@ func (s *Session) tendBell(ctx context.Context) (again, stop bool) {
 	var err error
 	switch {
 	case b.asked.Swap(false):
-		if err = s.ring(ctx, b.c, b.gen); err == nil {
+		if err = b.advance(ctx, b.c, b.gen); err == nil {
 			b.gen++
 			b.published = b.gen
 		}
 	case b.published != b.gen:
-		if err = s.publishBell(ctx, b.c, b.gen); err == nil {
+		if err = b.publish(ctx, b.c, b.gen); err == nil {
 			b.published = b.gen
 		}
 	}
 	if err != nil {
-		s.logger.Debug("dsync: doorbell ring failed", "err", err)
-		s.loseBell() // the failed statement may have taken the next generation
+		b.logger.Debug("dsync: doorbell ring failed", "err", err)
+		b.lose() // the failed statement may have taken the next generation
 		return true, false
 	}
 	return false, false
 }
 
-// dropBell closes the doorbell's connection, which lets it go.
-func (s *Session) dropBell() {
-	s.bell.mu.Lock()
-	defer s.bell.mu.Unlock()
-	if s.bell.c != nil {
-		s.bell.c.Close()
-		s.bell.c = nil
+// drop closes the doorbell's connection, which lets it go.
+func (b *doorbell) drop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c != nil {
+		b.c.Close()
+		b.c = nil
 	}
 }
 
-// takeBell opens a connection, takes generation gen of the doorbell on it
+// take opens a connection, takes generation gen of the doorbell on it
 // and publishes it.
-func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, error) {
-	c, err := s.pool.Dedicated(ctx)
+func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) {
+	c, err := b.store.pool.Dedicated(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var took sql.NullInt64
-	err = s.query(ctx, c, sBellTake, []any{bellName(s.id, gen)}, &took)
+	err = b.store.query(ctx, c, sBellTake, []any{bellName(b.id, gen)}, &took)
 	if err == nil && took.Int64 != 1 {
 		err = errors.New("doorbell taken by another connection")
 	}
@@ -259,10 +294,10 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 		// Prepared now, so that a release that rings on c costs no more
 		// round trips than one on any other connection. A failure only
 		// leaves it to be prepared at first use.
-		_, _ = c.Stmt(ctx, s.pool, int(s.ringInStmt()))
+		_, _ = c.Stmt(ctx, b.store.pool, int(b.ringStmt()))
 	}
 	if err == nil {
-		err = s.publishBell(ctx, c, gen)
+		err = b.publish(ctx, c, gen)
 	}
 	if err != nil {
 		c.Close()
@@ -271,17 +306,17 @@ func (s *Session) takeBell(ctx context.Context, gen int64) (*connpool.Conn, erro
 	return c, nil
 }
 
-// ring takes generation gen+1 of the doorbell and lets gen go, waking its
-// waiters, then publishes gen+1.
-func (s *Session) ring(ctx context.Context, c *connpool.Conn, gen int64) error {
+// advance rings the doorbell on c: it takes generation gen+1 and lets gen
+// go, waking its waiters, then publishes gen+1.
+func (b *doorbell) advance(ctx context.Context, c *connpool.Conn, gen int64) error {
 	var took sql.NullInt64
-	if err := s.query(ctx, c, sBellRing, []any{bellName(s.id, gen+1), bellName(s.id, gen)}, &took); err != nil {
+	if err := b.store.query(ctx, c, sBellRing, []any{bellName(b.id, gen+1), bellName(b.id, gen)}, &took); err != nil {
 		return err
 	}
 	if took.Int64 != 1 {
 		return errors.New("next doorbell taken by another connection")
 	}
-	return s.publishBell(ctx, c, gen+1)
+	return b.publish(ctx, c, gen+1)
 }
 
 // ringResult is what a statement that ringIn ran on the doorbell's
@@ -307,38 +342,37 @@ const (
 // ringBroken; a prepare that broke it) is dropped with its doorbell,
 // which wakes the waiters, and the goroutine takes a new one and
 // publishes the generation.
-func (s *Session) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult) bool {
-	b := &s.bell
-	if !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || s.stopped.Err() != nil || !b.mu.TryLock() {
+func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult) bool {
+	if !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
 		return false
 	}
 	defer b.mu.Unlock()
 	if b.c == nil {
-		return false // the goroutine takes one (runBell)
+		return false // the goroutine takes one (run)
 	}
 	if !b.c.Alive(ctx) {
 		// The server dropped the connection while it was idle (its doorbell
 		// went with it, which woke the waiters): take a new one, and let
 		// the caller run its statement on another connection.
-		s.loseBell()
+		b.lose()
 		return false
 	}
-	sctx := s.stopped
+	sctx := b.stopped
 	if ctx.Done() != nil {
 		var cancel context.CancelFunc
 		sctx, cancel = context.WithCancel(ctx)
 		defer cancel()
-		defer context.AfterFunc(s.stopped, cancel)()
+		defer context.AfterFunc(b.stopped, cancel)()
 	}
-	st, err := b.c.Stmt(sctx, s.pool, int(stmt))
+	st, err := b.c.Stmt(sctx, b.store.pool, int(stmt))
 	if err != nil {
 		if !connpool.Reusable(err) {
-			s.loseBell()
+			b.lose()
 		}
 		return false // not sent
 	}
 	asked := b.asked.Swap(false) // this statement may ring instead
-	r := run(sctx, st, bellName(s.id, b.gen+1), bellName(s.id, b.gen))
+	r := run(sctx, st, bellName(b.id, b.gen+1), bellName(b.id, b.gen))
 	if asked && r != ringRang {
 		b.asked.Store(true)
 	}
@@ -347,38 +381,38 @@ func (s *Session) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx conte
 	case ringNotRun:
 		ran = false
 	case ringBadConn:
-		s.loseBell()
+		b.lose()
 		ran = false
 	case ringBroken:
 		// Drop the connection (and with it whatever doorbell it holds)
 		// and have the goroutine take a new one.
-		s.loseBell()
+		b.lose()
 	case ringRang:
 		b.gen++
 	}
 	if b.c == nil || b.published != b.gen || b.asked.Load() {
-		s.nudgeBell()
+		b.nudge()
 	}
 	return ran
 }
 
-// loseBell drops the doorbell's connection (b.mu held), which lets its
+// lose drops the doorbell's connection (b.mu held), which lets its
 // doorbell go, and skips the next generation, which a statement of that
 // connection may have taken, so that the goroutine takes a new one.
-func (s *Session) loseBell() {
-	s.bell.c.Close()
-	s.bell.c = nil
-	s.bell.gen++
-	s.nudgeBell()
+func (b *doorbell) lose() {
+	b.c.Close()
+	b.c = nil
+	b.gen++
+	b.nudge()
 }
 
-// publishBell writes the doorbell's generation into the lease row.
-func (s *Session) publishBell(ctx context.Context, c *connpool.Conn, gen int64) error {
-	st, err := c.Stmt(ctx, s.pool, int(sLeaseBell))
+// publish writes the doorbell's generation into the lease row.
+func (b *doorbell) publish(ctx context.Context, c *connpool.Conn, gen int64) error {
+	st, err := c.Stmt(ctx, b.store.pool, int(sLeaseBell))
 	if err != nil {
 		return err
 	}
-	_, err = retryRolledBack(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, gen, s.id) })
+	_, err = retryRolledBack(ctx, func() (sql.Result, error) { return st.ExecContext(ctx, gen, b.id) })
 	return err
 }
 
@@ -497,23 +531,27 @@ func (st *bellState) wokeFrom(ref bellRef) {
 // first one right then), or itself, or no connection to block on.
 const pollFor = 100 * time.Millisecond
 
-// bells reports whether the session's waiters block on doorbells: not on
-// a Galera cluster, not when the server refused GET_LOCK, and not when the
-// *sql.DB limited its connections as the session started (doorbells take
-// connections of their own, which would come out of the caller's share).
-func (s *Session) bells() bool {
-	if !s.bell.allowed {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return !s.bell.off
+// bellWaiter is the waiter side: it blocks on other sessions' doorbells,
+// on connections of its own, at most bellWaiters open, kept idle for the
+// next waits. It is given what it needs of its session when made
+// (newBellWaiter), and holds no *Session.
+type bellWaiter struct {
+	store  *store          // runs its statements
+	logger *slog.Logger    // the session's
+	done   <-chan struct{} // the session's Done: a wait ends with the session
+	conns  connpool.Kept   // the connections blocked on, or kept for blocking on, doorbells
+}
+
+// newBellWaiter returns the waiter side of a session: st runs its
+// statements, done is closed when the session ends.
+func newBellWaiter(st *store, logger *slog.Logger, done <-chan struct{}) *bellWaiter {
+	return &bellWaiter{store: st, logger: logger, done: done}
 }
 
 // get returns a connection to block on a doorbell with, or nil when the
 // session has bellWaiters blocked already or none can be opened.
-func (w *bellWaiter) get(ctx context.Context, s *Session) *connpool.Conn {
-	return w.conns.Get(ctx, s.pool, bellWaiters)
+func (w *bellWaiter) get(ctx context.Context) *connpool.Conn {
+	return w.conns.Get(ctx, w.store.pool, bellWaiters)
 }
 
 // put keeps c for the next waiter when keep is set, else closes it.
@@ -523,10 +561,10 @@ func (w *bellWaiter) put(c *connpool.Conn, keep bool) { w.conns.Put(c, keep) }
 // use are closed when put back).
 func (w *bellWaiter) closeIdle() { w.conns.Close() }
 
-// waitBell blocks on a connection of its own (see bellWaiter) until
-// doorbell ref rings, for at most most (a whole number of seconds) or what
-// the ringing session's lease has left (left microseconds), or until ctx
-// or the session ends; name and kind are for its log. A doorbell that is
+// wait blocks on a connection of its own (see get) until doorbell ref
+// rings, for at most most (a whole number of seconds) or what the ringing
+// session's lease has left (left microseconds), or until ctx or the
+// session ends; name and kind are for its log. A doorbell that is
 // free at once (rung, or gone with its connection) or rings is recorded
 // in st (see judge); the caller tries again at once after it or after a
 // block that timed out, and paces itself after an error. When it has no
@@ -542,7 +580,7 @@ func (w *bellWaiter) closeIdle() { w.conns.Close() }
 // renewing gets that close to its lease's end; so does every holder whose
 // TTL is under about 1.2s (it renews every TTL/3), whose waiters thus
 // retry about once a second and are not woken by its release.
-func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
+func (w *bellWaiter) wait(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
 		// Sleep it out, on no connection: MySQL's GET_LOCK takes whole
@@ -553,11 +591,11 @@ func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most ti
 		case <-t.C:
 			st.pace = 0
 		case <-ctx.Done():
-		case <-s.done:
+		case <-w.done:
 		}
 		return waitTry
 	}
-	c := s.waiters.get(ctx, s)
+	c := w.get(ctx)
 	if c == nil {
 		st.pollUntil = time.Now().Add(pollFor)
 		return waitPoll
@@ -565,11 +603,11 @@ func (s *Session) waitBell(ctx context.Context, ref bellRef, left int64, most ti
 	bell := bellName(ref.id, ref.gen)
 	timeout := limit.Seconds()
 	var got sql.NullInt64
-	err := s.withDedicated(ctx, c, s.waiters.put, func(ctx context.Context) error {
-		return s.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
+	err := w.store.withDedicated(ctx, c, w.put, func(ctx context.Context) error {
+		return w.store.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
 	})
 	if err != nil {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
+		w.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
 		return waitPace
 	}
 	st.pace = 0

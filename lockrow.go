@@ -90,7 +90,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		return false, nil, nil
 	}
 	stmt := s.ringInStmt()
-	ran = s.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
+	ran = s.bell.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
 		res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 			return st.ExecContext(ctx, next, next, cur, o.name, s.id, o.token)
 		}, 0)

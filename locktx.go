@@ -239,7 +239,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		return false, ErrSessionClosed
 	}
 	m.s.txHolds.remember(tx, m.name, txRecord{token: token, fence: fence})
-	m.s.armBell()
+	m.s.bell.arm()
 	return true, nil // the reference from ref now belongs to the hold
 }
 
@@ -492,7 +492,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		pause = min(2*pause, txPollMax)
 	}
 	if ended {
-		s.ringBell()
+		s.bell.ring()
 	}
 	l.mu.Lock()
 	if l.held && l.token == token {

@@ -117,7 +117,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	l.mu.Lock()
 	l.take(owner, fence, token)
 	l.mu.Unlock()
-	m.s.armBell()
+	m.s.bell.arm()
 	return true, nil // the reference from ref now belongs to the hold
 }
 
@@ -307,7 +307,7 @@ func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
 	if dropped || ring {
-		m.s.ringBell()
+		m.s.bell.ring()
 	}
 }
 
@@ -391,10 +391,10 @@ const unarmedPolls = 5
 // (see waitOutcome and bellState.judge).
 func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	m, s, st := mw.m, mw.m.s, &w.bells
-	if !s.bells() || time.Now().Before(st.pollUntil) {
+	if !s.bell.usable() || time.Now().Before(st.pollUntil) {
 		return waitPoll
 	}
-	s.armBell() // waiters behind this one wait on its doorbell
+	s.bell.arm() // waiters behind this one wait on its doorbell
 	if st.pace == 0 || time.Since(mw.wantedAt) >= paceCap {
 		// (A paced waiter said so less than paceCap ago, for longer than
 		// any block that may follow: nothing to renew.)
@@ -434,7 +434,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	}
 	out = waitPoll
 	if ref.gen != 0 && ref.id != s.id {
-		out = s.waitBell(ctx, ref, left, most, st, m.name, kindMutex)
+		out = s.waiters.wait(ctx, ref, left, most, st, m.name, kindMutex)
 	} else {
 		st.pollUntil = time.Now().Add(pollFor)
 	}

@@ -294,7 +294,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 		return false, err
 	}
 	if wanted, _ := res.LastInsertId(); wanted == 1 && !ran {
-		s.ringBell()
+		s.bell.ring()
 	}
 	return true, nil
 }

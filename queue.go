@@ -241,7 +241,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 		// or a lease lost while the check ran): then the hold is worth
 		// nothing, and the lock must not be reported held.
 		if err = s.Err(); err == nil {
-			s.armBell()
+			s.bell.arm()
 			return w, fence, nil
 		}
 	}
@@ -412,10 +412,10 @@ func (q *queued) wrap(op string, err error) error {
 // holder to free it, and tells the caller's loop what to do next, as
 // awaitBell does.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
-	if !s.bells() || time.Now().Before(st.pollUntil) {
+	if !s.bell.usable() || time.Now().Before(st.pollUntil) {
 		return waitPoll
 	}
-	s.armBell() // waiters behind this one wait on its doorbell
+	s.bell.arm() // waiters behind this one wait on its doorbell
 	seq, ref, left, err := s.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
@@ -442,5 +442,5 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 			return waitTry // the ticket ahead went meanwhile
 		}
 	}
-	return s.waitBell(ctx, ref, left, bellWait, st, name, kindQueue)
+	return s.waiters.wait(ctx, ref, left, bellWait, st, name, kindQueue)
 }

@@ -66,13 +66,14 @@ type Session struct {
 	sweeper   *sweeper        // the clean-up of free rows (see sweep.go)
 	stats     counters        // see Stats
 
-	mu      sync.Mutex
-	err     error                // guarded by mu; nil while live
-	closed  bool                 // guarded by mu; Close was called
-	locks   registry[localLock]  // in-process state of the Mutex names in use
-	queues  registry[localQueue] // the same for FairMutex and RWMutex names
-	bell    doorbell             // this session's doorbell (see doorbell.go)
-	waiters bellWaiter           // connections that wait on other sessions' doorbells
+	bell    *doorbell   // this session's doorbell (see doorbell.go)
+	waiters *bellWaiter // blocks on other sessions' doorbells (see doorbell.go)
+
+	mu     sync.Mutex
+	err    error                // guarded by mu; nil while live
+	closed bool                 // guarded by mu; Close was called
+	locks  registry[localLock]  // in-process state of the Mutex names in use
+	queues registry[localQueue] // the same for FairMutex and RWMutex names
 
 	txHolds *txHolds // LockTx's goroutines, connections and records (see locktx.go)
 }
@@ -102,9 +103,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		logger:  o.logger,
 		done:    make(chan struct{}),
 		txHolds: newTxHolds(),
-		bell: doorbell{ring: make(chan struct{}, 1), done: make(chan struct{}),
-			allowed: !st.galera && db.Stats().MaxOpenConnections == 0},
 	}
+	bellsAllowed := !st.galera && db.Stats().MaxOpenConnections == 0
 	s.lease = newLease(st, o.ttl, &s.stats, s.lose)
 	s.reaper = newReaper(st, o.ttl, s.free)
 	s.sweeper = newSweeper(st, &o)
@@ -124,6 +124,15 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	s.logger = s.logger.With("session", s.id) // every record names its session
 	st.logger, s.lease.logger, s.reaper.logger = s.logger, s.logger, s.logger
 	s.sweeper.id = s.id
+	// The doorbell's arm reads closed and err as Close and end write them,
+	// under mu (see doorbell.arm).
+	ended := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.closed || s.err != nil
+	}
+	s.bell = newDoorbell(st, s.id, s.logger, s.stopped, bellsAllowed, s.ringInStmt, ended)
+	s.waiters = newBellWaiter(st, s.logger, s.done)
 	go s.lease.keepAlive(s.stopped)
 	go s.reaper.reap()
 	go s.sweeper.run()
@@ -223,7 +232,8 @@ func (s *Session) Close() error {
 	<-s.lease.exited
 	<-s.reaper.exited
 	s.txHolds.stop()
-	s.stopBell()
+	s.bell.stop()
+	s.waiters.closeIdle()
 	<-s.sweeper.exited
 	defer s.releasePool()
 	defer s.leaseConn.close()

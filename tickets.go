@@ -382,7 +382,7 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		// (an operator deleted it with the hold in it): waiters blocked on
 		// this session's doorbell for the slot would then wait bellWait,
 		// so ring anyway. A ring for nothing costs them one check.
-		s.ringBell()
+		s.bell.ring()
 	}
 	if err != nil || n == 0 {
 		return false, err
@@ -393,7 +393,7 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		ring = waiting == 1
 	}
 	if ring {
-		s.ringBell()
+		s.bell.ring()
 	}
 	return true, nil
 }
