@@ -10,7 +10,17 @@ import (
 	"github.com/dsynclock/dsync/internal/connpool"
 )
 
-// The Mutex row's statements: taking and freeing the lock row.
+// The Mutex row's statements: taking and freeing the lock row. They run
+// on the session's store and return what they found; the Mutex (mutex.go,
+// locktx.go) and the session's free (orphans.go) decide what to undo.
+
+// lockRows runs the Mutex row's statements for one session. NewSession
+// makes it once the lease is taken.
+type lockRows struct {
+	st   *store
+	id   int64     // the session's lease id
+	bell *doorbell // the session's doorbell, which a release rings
+}
 
 // How acquireRow tries a lock row.
 type rowMode int
@@ -26,36 +36,33 @@ const (
 // miss then says nothing about the row), or the one that handles every
 // state of the row. Neither waits for a transaction holding the row (see
 // execNoWait; rowWoken waits a second at most): that counts as held. It
-// returns the new fence, or 0 when not taken. Its outcome is unknown when
-// the statement failed other than by a server error (the connection
-// broke, ctx ended): then the attempt is undone (see undo) before the
-// error is returned, so that no row is left held without a holder. A
-// name that the queued locks use gives ErrOtherKind.
-func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (int64, error) {
+// returns the new fence, or 0 when not taken. Its outcome is unknown
+// (unknown is set, with the error) when the statement failed other than
+// by a server error (the connection broke, ctx ended): the row may be
+// held without a holder then, and the caller undoes the attempt (see
+// undo) before it returns the error. A name that the queued locks use
+// gives ErrOtherKind.
+func (r *lockRows) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (fence int64, unknown bool, err error) {
 	var res sql.Result
-	var err error
 	switch mode {
 	case rowFast:
-		res, err = s.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, s.id, token, name, s.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, r.id, token, name, r.id)
 	case rowWoken:
-		res, err = s.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, s.id, token, name, s.id)
+		res, err = r.st.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, r.id, token, name, r.id)
 	default:
-		res, err = s.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, s.id, token, s.id, -s.id, token, s.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, r.id, token, r.id, -r.id, token, r.id)
 	}
-	if isErrNo(err, 1205) {
-		return 0, nil // a transaction holds it (LockTx)
+	if isErrNo(err, errLockWaitTimeout) {
+		return 0, false, nil // a transaction holds it (LockTx)
 	}
 	if err != nil {
-		if !connpool.Reusable(err) || ctx.Err() != nil {
-			s.undo(ctx, orphan{name: name, token: token})
-		}
-		return 0, err
+		return 0, !connpool.Reusable(err) || ctx.Err() != nil, err
 	}
-	fence, err := res.LastInsertId()
+	fence, err = res.LastInsertId()
 	if fence == otherKind {
-		return 0, otherKindError(kindRowQueued) // see "One name, one kind" in queries.go
+		return 0, false, otherKindError(kindRowQueued) // see "One name, one kind" in queries.go
 	}
-	return fence, err
+	return fence, false, err
 }
 
 // noWaitLockWaits is how often execNoWait runs a statement again after it
@@ -63,13 +70,6 @@ func (s *Session) acquireRow(ctx context.Context, name string, token int64, mode
 // within a millisecond or two (see retryRolledBackN's back-off), one held by
 // a transaction (Mutex.LockTx) is not.
 const noWaitLockWaits = 2
-
-// releaseRow frees the row for name if this acquisition (token) holds it,
-// and reports whether it did (and rings the doorbell when sessions wait
-// for it).
-func (s *Session) releaseRow(ctx context.Context, name string, token int64) (bool, error) {
-	return s.free(ctx, orphan{name: name, token: token})
-}
 
 // freeRinging frees the Mutex row o as free does, but on the doorbell's
 // connection, with the ring in the same statement when sessions wait for
@@ -85,14 +85,14 @@ func (s *Session) releaseRow(ctx context.Context, name string, token int64) (boo
 // so that it never holds up the doorbell goroutine). When the statement
 // failed otherwise, ran is true with its error, and the connection (with
 // its doorbell, which wakes the waiters) is dropped for a new one.
-func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
+func (r *lockRows) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
 	if o.ticket {
 		return false, nil, nil
 	}
-	stmt := s.ringInStmt()
-	ran = s.bell.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
+	stmt := r.ringInStmt()
+	ran = r.bell.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
 		res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-			return st.ExecContext(ctx, next, next, cur, o.name, s.id, o.token)
+			return st.ExecContext(ctx, next, next, cur, o.name, r.id, o.token)
 		}, 0)
 		rang := int64(0)
 		if err == nil {
@@ -101,7 +101,7 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 			}
 		}
 		switch {
-		case stmt == sLockReleaseRingBrief && s.noWaitRefused(err), isErrNo(err, 1205):
+		case stmt == sLockReleaseRingBrief && r.st.noWaitRefused(err), isErrNo(err, errLockWaitTimeout):
 			// Refused syntax, or the row locked for a second: the
 			// statement did nothing.
 			res, err = nil, nil
@@ -123,20 +123,20 @@ func (s *Session) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 
 // ringInStmt is the statement that freeRinging runs on the doorbell's
 // connection (qLockReleaseRing, or its variant that waits a second at
-// most for the row lock); takeBell prepares it on a new doorbell
-// connection.
-func (s *Session) ringInStmt() stmtIndex {
-	return s.noWait(sLockReleaseRing, sLockReleaseRingBrief)
+// most for the row lock); the doorbell (doorbell.take) prepares it on a new
+// connection of its own.
+func (r *lockRows) ringInStmt() stmtIndex {
+	return r.st.noWait(sLockReleaseRing, sLockReleaseRingBrief)
 }
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
 // that session's doorbell, how long its lease has left in microseconds,
 // and the row's fence (0 when the row is missing); sql.ErrNoRows when
 // nobody live holds or claimed the row.
-func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
 	var id, gen, until sql.NullInt64
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sLockBell, []any{s.id, name}, &fence, &id, &gen, &until)
+	err = r.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until)
 	})
 	if err == nil && !id.Valid {
 		err = sql.ErrNoRows
@@ -148,22 +148,34 @@ func (s *Session) lockBell(ctx context.Context, name string) (ref bellRef, left,
 // for claimFor, or renews its claim (qLockClaim), without waiting for a
 // transaction that holds the row, and reports whether the claim is its
 // own now.
-func (s *Session) claimRow(ctx context.Context, name string, claimFor time.Duration) (bool, error) {
-	return s.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, s.id, claimFor.Microseconds(), name, s.id)
+func (r *lockRows) claimRow(ctx context.Context, name string, claimFor time.Duration) (bool, error) {
+	return r.st.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, r.id, claimFor.Microseconds(), name, r.id)
 }
 
 // unclaimRow drops this session's claim on the next hold of the Mutex row
 // name (qLockUnclaim), and reports whether there was one.
-func (s *Session) unclaimRow(ctx context.Context, name string) (bool, error) {
-	return s.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, name, s.id)
+func (r *lockRows) unclaimRow(ctx context.Context, name string) (bool, error) {
+	return r.st.execNoWaitChanged(ctx, sLockUnclaim, sLockUnclaimNoWait, name, r.id)
 }
 
 // wantRow says that this session waits for the Mutex row name, for want,
 // having waited waited (qLockWant; the longest waiter claims the next
-// hold), without waiting for a transaction that holds the row: a 1205
-// error then, and the row's wanted_until may not be written.
-func (s *Session) wantRow(ctx context.Context, name string, want, waited time.Duration) error {
+// hold), without waiting for a transaction that holds the row: a lock
+// wait timeout (errLockWaitTimeout) then, and the row's wanted_until may
+// not be written.
+func (r *lockRows) wantRow(ctx context.Context, name string, want, waited time.Duration) error {
 	w, d := want.Microseconds(), waited.Microseconds()
-	_, err := s.execNoWait(ctx, sLockWant, sLockWantNoWait, w, s.id, d, s.id, s.id, w, s.id, d, name)
+	_, err := r.st.execNoWait(ctx, sLockWant, sLockWantNoWait, w, r.id, d, r.id, r.id, w, r.id, d, name)
 	return err
+}
+
+// lockTaken reports whether the lock row of name is held by a live session,
+// or claimed by a live waiter of another session, now (a plain read: it
+// never waits for a transaction's row lock).
+func (r *lockRows) lockTaken(ctx context.Context, name string) (bool, error) {
+	_, _, _, err := r.lockBell(ctx, name)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
 }

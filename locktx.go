@@ -331,7 +331,7 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 		// No statement that does not wait (MySQL): wait in the database
 		// only when the lock row is not held now, so that a TryLockTx
 		// waits at most for a transaction that is taking the lock.
-		held, err := m.s.lockTaken(ctx, m.name)
+		held, err := m.s.rows.lockTaken(ctx, m.name)
 		if err != nil || held {
 			return false, err
 		}
@@ -388,17 +388,6 @@ func (h *txHolds) queries(ctx context.Context, st *store, prefix string) (*txQue
 	q.rollbackOnTimeout = rollback
 	h.txq.Store(q)
 	return q, nil
-}
-
-// lockTaken reports whether the lock row of name is held by a live session,
-// or claimed by a live waiter of another session, now (a plain read: it
-// never waits for a transaction's row lock).
-func (s *Session) lockTaken(ctx context.Context, name string) (bool, error) {
-	_, _, _, err := s.lockBell(ctx, name)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // watchTx starts the goroutine that ends the LockTx hold of name (token,

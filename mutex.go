@@ -162,7 +162,7 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		// (MySQL; see execNoWait) reads the row first: its statements
 		// would wait, up to the lock wait timeout (qSetSession), for a
 		// transaction holding the row (LockTx).
-		if taken, err := m.s.lockTaken(ctx, m.name); err != nil || taken {
+		if taken, err := m.s.rows.lockTaken(ctx, m.name); err != nil || taken {
 			return 0, 0, err
 		}
 	}
@@ -212,9 +212,14 @@ func (mw *mutexWait) try(ctx context.Context, w *waitState) (bool, error) {
 		mode = rowFast
 	}
 	w.bells.woken = false
-	fence, err := m.s.acquireRow(ctx, m.name, mw.token, mode)
+	fence, unknown, err := m.s.rows.acquireRow(ctx, m.name, mw.token, mode)
 	if mode == rowFast && err == nil && fence == 0 {
-		fence, err = m.s.acquireRow(ctx, m.name, mw.token, rowFull)
+		fence, unknown, err = m.s.rows.acquireRow(ctx, m.name, mw.token, rowFull)
+	}
+	if unknown {
+		// The attempt may have taken the row: undo it, so that no row is
+		// left held without a holder.
+		m.s.undo(ctx, orphan{name: m.name, token: mw.token})
 	}
 	mw.fence = fence
 	return fence > 0, err
@@ -283,7 +288,7 @@ func (s *Session) starveAfter() time.Duration {
 // reports whether the claim is its own now. A failure only means waiting
 // as before.
 func (m *Mutex) claim(ctx context.Context) bool {
-	ok, err := m.s.claimRow(ctx, m.name, claimFor)
+	ok, err := m.s.rows.claimRow(ctx, m.name, claimFor)
 	if err != nil {
 		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -302,7 +307,7 @@ func (m *Mutex) claim(ctx context.Context) bool {
 func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unclaimWithin)
 	defer cancel()
-	dropped, err := m.s.unclaimRow(ctx, m.name)
+	dropped, err := m.s.rows.unclaimRow(ctx, m.name)
 	if err != nil {
 		m.s.logger.Debug("dsync: unclaim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}
@@ -354,7 +359,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.s.Err(); err != nil {
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
 	}
-	freed, err := m.s.releaseRow(ctx, m.name, token)
+	freed, err := m.s.free(ctx, orphan{name: m.name, token: token})
 	switch {
 	case err != nil && m.s.Err() != nil:
 		return fmt.Errorf("dsync: unlock %q: %w", m.name, m.s.Err()) // the lock ends with the lease
@@ -399,14 +404,14 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// (A paced waiter said so less than paceCap ago, for longer than
 		// any block that may follow: nothing to renew.)
 		mw.wanted, mw.wantedAt = true, time.Now()
-		err := s.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
+		err := s.rows.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
 		mw.unwanted = isErrNo(err, 1205)
 		if err != nil && !mw.unwanted {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 			return waitPace
 		}
 	}
-	ref, left, fence, err := s.lockBell(ctx, m.name)
+	ref, left, fence, err := s.rows.lockBell(ctx, m.name)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 		return waitPace

@@ -267,9 +267,9 @@ func (s *Session) undo(ctx context.Context, o orphan) {
 // wanted_until is current, a ticket with a waiter's marker behind it.
 func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	if o.ticket {
-		return s.freeTicket(ctx, o) // see queue.go
+		return s.tickets.freeTicket(ctx, o) // see tickets.go
 	}
-	ran, res, err := s.freeRinging(ctx, o) // see doorbell.go
+	ran, res, err := s.rows.freeRinging(ctx, o) // see lockrow.go
 	switch {
 	case !ran:
 		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)

@@ -98,7 +98,11 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 		try := idle && (!lq.busy || !wait)
 		lq.mu.Unlock()
 		if try {
-			fence, err := s.takeSlot(ctx, name, token)
+			fence, unknown, err := s.tickets.takeSlot(ctx, name, token)
+			if unknown {
+				// The take may have landed: free the slot.
+				s.undo(ctx, orphan{name: name, token: token, ticket: true, seq: headSlot})
+			}
 			if err != nil {
 				return nil, 0, err
 			}
@@ -113,7 +117,11 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 			return nil, 0, nil // held or waited for: TryLock never takes a ticket
 		}
 	}
-	ticket, ahead, err := s.insertTicket(ctx, name, token, mode)
+	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, name, token, mode)
+	if unknown {
+		// The ticket may be in the table: remove it.
+		s.undo(ctx, orphan{name: name, token: token, ticket: true})
+	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -128,6 +136,39 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 	}
 	lq.mu.Unlock()
 	return w, 0, nil
+}
+
+// createQueueRow creates the name's queue row (qQueueCreate), unless it
+// exists, in one transaction with qQueueBind, which binds the name to the
+// queued locks (see "One name, one kind" in queries.go). It returns
+// ErrOtherKind when a Mutex uses the name, and creates nothing then.
+//
+// The bind does not wait for a transaction that holds the lock row (the
+// no-wait variant, see noWaitSQL): a Mutex may create the row after the
+// read of its kind and hand it to a transaction (Mutex.LockTx), which
+// keeps it locked until it ends. After such a lock wait timeout
+// createQueueRow reads the kind again: a Mutex's name gives ErrOtherKind
+// at once; else (a write of the row that has not committed yet) it binds
+// again after a pause of the session's back-off, never at once.
+func (s *Session) createQueueRow(ctx context.Context, name string) error {
+	_, err := s.waitFor(ctx, true, &waitPolicy{
+		try: func(ctx context.Context, _ *waitState) (bool, error) {
+			kind, err := s.tickets.bindQueueRow(ctx, name)
+			if isErrNo(err, errLockWaitTimeout) {
+				if kind, err = s.tickets.lockKind(ctx, name); err == nil && kind != kindRowMutex {
+					return false, nil // bind again after a pause
+				}
+			}
+			if err == nil && kind == kindRowMutex {
+				err = otherKindError(kindRowMutex)
+			}
+			if err != nil {
+				return false, stopWait{err}
+			}
+			return true, nil
+		},
+	})
+	return err
 }
 
 // awaitTurn waits until w holds the lock and returns its fence (0 for a
@@ -153,7 +194,7 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 	ok, err := s.waitFor(ctx, wait, &waitPolicy{
 		try: func(ctx context.Context, ws *waitState) (bool, error) {
 			var err error
-			ahead, fence, err = s.checkTicket(ctx, name, w, ws.attempt == 0)
+			ahead, fence, err = s.tickets.checkTicket(ctx, name, w, ws.attempt == 0)
 			return ahead == 0, err
 		},
 		bell: func(ctx context.Context, ws *waitState) waitOutcome {
@@ -324,7 +365,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
 // no waiter it has dropped the caller's reference to lq.
 func (q *queued) join(ctx context.Context, lq *localQueue, mode int, wait bool, op string) (*waiter, int64, error) {
 	if !wait && mode == modeShared {
-		if n, err := q.s.conflicts(ctx, q.name, 0, math.MaxInt64, mode); err != nil || n > 0 {
+		if n, err := q.s.tickets.conflicts(ctx, q.name, 0, math.MaxInt64, mode); err != nil || n > 0 {
 			q.s.queues.unref(q.name)
 			return nil, 0, q.wrap(op, err)
 		}
@@ -367,7 +408,15 @@ func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int6
 	if err := q.s.Err(); err != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
 	}
-	err := q.s.deleteTicket(ctx, q.name, ticket, token)
+	// Remove the ticket, or free the head slot (ticket headSlot), which
+	// rings the doorbell when a waiter waits for it; if that fails (ctx
+	// ended, or the database did not answer) the reaper goroutine removes
+	// it at once.
+	o := orphan{name: q.name, token: token, ticket: true, seq: ticket}
+	_, err := q.s.free(ctx, o)
+	if err != nil {
+		q.s.addOrphan(o)
+	}
 	lq.kickFront()
 	if err != nil && q.s.Err() != nil {
 		return fmt.Errorf("dsync: %s %q: %w", op, q.name, q.s.Err()) // the lock ends with the lease
@@ -416,7 +465,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		return waitPoll
 	}
 	s.bell.arm() // waiters behind this one wait on its doorbell
-	seq, ref, left, err := s.ticketAhead(ctx, name, w)
+	seq, ref, left, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
@@ -433,7 +482,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		// A ticket ahead: leave a marker, so that its release rings. (The
 		// head slot's release rings whenever tickets exist, and this one
 		// committed before the slot's holder was read.)
-		there, err := s.wantTicket(ctx, name, seq)
+		there, err := s.tickets.wantTicket(ctx, name, seq)
 		if err != nil {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 			return waitPace

@@ -147,7 +147,7 @@ func (q *queued) joinRead(ctx context.Context, lq *localQueue, owner uint64) (bo
 	}
 	lq.mu.Unlock()
 
-	n, err := q.s.conflicts(ctx, q.name, hold.ticket, math.MaxInt64, modeShared)
+	n, err := q.s.tickets.conflicts(ctx, q.name, hold.ticket, math.MaxInt64, modeShared)
 	if err != nil || n > 0 {
 		return false, err
 	}

@@ -64,6 +64,8 @@ type Session struct {
 	stopped   context.Context // ends when Close starts or the session is lost
 	reaper    *reaper         // frees orphans in the background (see orphans.go)
 	sweeper   *sweeper        // the clean-up of free rows (see sweep.go)
+	rows      *lockRows       // the Mutex row's statements (see lockrow.go)
+	tickets   *tickets        // the queue's statements (see tickets.go)
 	stats     counters        // see Stats
 
 	bell    *doorbell   // this session's doorbell (see doorbell.go)
@@ -131,8 +133,11 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		defer s.mu.Unlock()
 		return s.closed || s.err != nil
 	}
-	s.bell = newDoorbell(st, s.id, s.logger, s.stopped, bellsAllowed, s.ringInStmt, ended)
+	s.rows = &lockRows{st: st, id: s.id}
+	s.bell = newDoorbell(st, s.id, s.logger, s.stopped, bellsAllowed, s.rows.ringInStmt, ended)
 	s.waiters = newBellWaiter(st, s.logger, s.done)
+	s.rows.bell = s.bell
+	s.tickets = &tickets{st: st, id: s.id, bell: s.bell, createRow: s.createQueueRow}
 	go s.lease.keepAlive(s.stopped)
 	go s.reaper.reap()
 	go s.sweeper.run()

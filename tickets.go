@@ -12,100 +12,77 @@ import (
 
 // The queue's statements: the per-name row, tickets and the head slot, the
 // checks of a ticket's turn and its release. The policy of the queued locks
-// (the local line, who polls, what to undo) is in queue.go.
+// (the local line, who polls, what to undo, the wait of createQueueRow) is
+// in queue.go: these statements report an outcome that is unknown, and
+// the caller undoes it.
+
+// tickets runs the queue's statements for one session. NewSession makes
+// it once the lease is taken.
+type tickets struct {
+	st   *store
+	id   int64     // the session's lease id
+	bell *doorbell // the session's doorbell, which a release rings
+	// createRow creates the name's queue row when a statement finds it
+	// missing (the session's createQueueRow, which may wait).
+	createRow func(ctx context.Context, name string) error
+}
 
 // takeSlot tries to take the head slot of name for an exclusive hold
 // (qQueueTake), creating the name's row when it is missing (see
 // insertTicket), and returns the new fence, or 0 when the lock is held or
-// tickets wait for it. After an error whose outcome is unknown it frees
-// the slot if the take landed.
-func (s *Session) takeSlot(ctx context.Context, name string, token int64) (int64, error) {
+// tickets wait for it. After an error whose outcome is unknown (unknown
+// set) the take may have landed: the caller frees the slot (see undo).
+func (t *tickets) takeSlot(ctx context.Context, name string, token int64) (fence int64, unknown bool, err error) {
 	for creates := 0; ; creates++ {
-		res, err := s.exec(ctx, sQueueTake, -s.id, token, s.id, name)
+		res, err := t.st.exec(ctx, sQueueTake, -t.id, token, t.id, name)
 		var fence int64
 		if err == nil {
 			fence, err = res.LastInsertId()
 		}
 		switch {
 		case err != nil:
-			if !connpool.Reusable(err) || ctx.Err() != nil {
-				s.undo(ctx, orphan{name: name, token: token, ticket: true, seq: headSlot})
-			}
-			return 0, err
+			return 0, !connpool.Reusable(err) || ctx.Err() != nil, err
 		case fence == notAtHead:
-			return 0, nil
+			return 0, false, nil
 		case fence > 0:
-			return fence, nil
+			return fence, false, nil
 		case creates == maxCreates:
-			return 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
+			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := s.createQueueRow(ctx, name); err != nil {
-			return 0, err
+		if err := t.createRow(ctx, name); err != nil {
+			return 0, false, err
 		}
 	}
-}
-
-// createQueueRow creates the name's queue row (qQueueCreate), unless it
-// exists, in one transaction with qQueueBind, which binds the name to the
-// queued locks (see "One name, one kind" in queries.go). It returns
-// ErrOtherKind when a Mutex uses the name, and creates nothing then.
-//
-// The bind does not wait for a transaction that holds the lock row (the
-// no-wait variant, see noWaitSQL): a Mutex may create the row after the
-// read of its kind and hand it to a transaction (Mutex.LockTx), which
-// keeps it locked until it ends. After such a lock wait timeout (1205)
-// createQueueRow reads the kind again: a Mutex's name gives ErrOtherKind
-// at once; else (a write of the row that has not committed yet) it binds
-// again after a pause of the session's back-off, never at once.
-func (s *Session) createQueueRow(ctx context.Context, name string) error {
-	_, err := s.waitFor(ctx, true, &waitPolicy{
-		try: func(ctx context.Context, _ *waitState) (bool, error) {
-			kind, err := s.bindQueueRow(ctx, name)
-			if isErrNo(err, 1205) {
-				if kind, err = s.lockKind(ctx, name); err == nil && kind != kindRowMutex {
-					return false, nil // bind again after a pause
-				}
-			}
-			if err == nil && kind == kindRowMutex {
-				err = otherKindError(kindRowMutex)
-			}
-			if err != nil {
-				return false, stopWait{err}
-			}
-			return true, nil
-		},
-	})
-	return err
 }
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
 // reads the kind of the name's lock row, and unless a Mutex uses the name,
 // binds it and creates the queue row in one transaction. It returns the
-// kind of the row (kindRowMutex: nothing was written), and 1205 when a
-// transaction holds the lock row.
-func (s *Session) bindQueueRow(ctx context.Context, name string) (int, error) {
+// kind of the row (kindRowMutex: nothing was written), and a lock wait
+// timeout (errLockWaitTimeout) when a transaction holds the lock row.
+func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 	kind := kindRowNone
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
-		if kind, err = s.lockKindOn(ctx, c, name); err != nil || kind == kindRowMutex {
+		if kind, err = t.lockKindOn(ctx, c, name); err != nil || kind == kindRowMutex {
 			return err // without a write, and without waiting for a LockTx that holds the row
 		}
 		if hook := kindReadHook.Load(); hook != nil {
 			(*hook)(name)
 		}
 		for {
-			stmt := s.noWait(sQueueBind, sQueueBindNoWait)
-			bind, err := c.Stmt(ctx, s.pool, int(stmt))
+			stmt := t.st.noWait(sQueueBind, sQueueBindNoWait)
+			bind, err := c.Stmt(ctx, t.st.pool, int(stmt))
 			if err != nil {
 				return err
 			}
-			create, err := c.Stmt(ctx, s.pool, int(sQueueCreate))
+			create, err := c.Stmt(ctx, t.st.pool, int(sQueueCreate))
 			if err != nil {
 				return err
 			}
 			// No retry after a lock wait timeout: createQueueRow decides.
 			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-				return nil, s.enqueueTx(ctx, c, func() error {
+				return nil, enqueueTx(ctx, c, func() error {
 					res, err := bind.ExecContext(ctx, name)
 					var bound int64
 					if err == nil {
@@ -123,7 +100,7 @@ func (s *Session) bindQueueRow(ctx context.Context, name string) (int, error) {
 					return err
 				})
 			}, 0)
-			if stmt == sQueueBindNoWait && s.noWaitRefused(err) {
+			if stmt == sQueueBindNoWait && t.st.noWaitRefused(err) {
 				continue // the plain statement, from now on
 			}
 			return err
@@ -139,19 +116,19 @@ var kindReadHook atomic.Pointer[func(name string)]
 
 // lockKind reads the kind of the name's lock row (qLockKind): kindRowNone
 // when it has none.
-func (s *Session) lockKind(ctx context.Context, name string) (int, error) {
+func (t *tickets) lockKind(ctx context.Context, name string) (int, error) {
 	kind := kindRowNone
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
-		kind, err = s.lockKindOn(ctx, c, name)
+		kind, err = t.lockKindOn(ctx, c, name)
 		return err
 	})
 	return kind, err
 }
 
 // lockKindOn is lockKind on the connection c.
-func (s *Session) lockKindOn(ctx context.Context, c *connpool.Conn, name string) (int, error) {
-	st, err := c.Stmt(ctx, s.pool, int(sLockKind))
+func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string) (int, error) {
+	st, err := c.Stmt(ctx, t.st.pool, int(sLockKind))
 	if err != nil {
 		return kindRowNone, err
 	}
@@ -165,8 +142,8 @@ func (s *Session) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing, and returns its number and whether the enqueue saw something
 // conflicting ahead of it (a live ticket, or the head slot held; see
-// qTicketInsert). After an error whose outcome is unknown it removes the
-// ticket.
+// qTicketInsert). After an error whose outcome is unknown (unknown set)
+// the ticket may be in the table: the caller removes it (see undo).
 //
 // The name's row may go at any moment while no ticket of the name exists
 // (the sweep deletes free rows, see WithFreeRowAge; so may an operator),
@@ -181,15 +158,15 @@ func (s *Session) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insert, so a sweep may delete it again meanwhile; that takes a pass
 // marking it and another one the free-row age later, so a few attempts
 // suffice.
-func (s *Session) insertTicket(ctx context.Context, name string, token int64, mode int) (int64, bool, error) {
+func (t *tickets) insertTicket(ctx context.Context, name string, token int64, mode int) (ticket int64, ahead, unknown bool, err error) {
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
-		if s.galera {
-			number, err = s.insertTicketTx(ctx, name, token, mode)
+		if t.st.galera {
+			number, err = t.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
-			if res, err = s.exec(ctx, sTicketInsert, mode, s.id, token, mode, name); err == nil {
+			if res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name); err == nil {
 				number, err = res.LastInsertId()
 			}
 		}
@@ -197,17 +174,14 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 		case err != nil:
 			// On a cluster a COMMIT that failed otherwise than by a
 			// conflict (a node losing quorum) may still have committed.
-			if !connpool.Reusable(err) || ctx.Err() != nil || (s.galera && !isErrNo(err, rolledBack...)) {
-				s.undo(ctx, orphan{name: name, token: token, ticket: true})
-			}
-			return 0, false, err
+			return 0, false, !connpool.Reusable(err) || ctx.Err() != nil || (t.st.galera && !isErrNo(err, rolledBack...)), err
 		case number > 1:
-			return number / 2, number%2 == 1, nil
+			return number / 2, number%2 == 1, false, nil
 		case creates == maxCreates:
-			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
+			return 0, false, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := s.createQueueRow(ctx, name); err != nil {
-			return 0, false, err
+		if err := t.createRow(ctx, name); err != nil {
+			return 0, false, false, err
 		}
 	}
 }
@@ -217,20 +191,20 @@ func (s *Session) insertTicket(ctx context.Context, name string, token int64, mo
 // certification conflict with another node's enqueue rolls it back. It
 // returns qTicketNumber's answer: twice the ticket, plus 1 when something
 // conflicting is ahead, or 0 when the per-name row is missing.
-func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, mode int) (int64, error) {
+func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, mode int) (int64, error) {
 	var number int64
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		next, err := c.Stmt(ctx, s.pool, int(sTicketNumber))
+	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		next, err := c.Stmt(ctx, t.st.pool, int(sTicketNumber))
 		if err != nil {
 			return err
 		}
-		add, err := c.Stmt(ctx, s.pool, int(sTicketAdd))
+		add, err := c.Stmt(ctx, t.st.pool, int(sTicketAdd))
 		if err != nil {
 			return err
 		}
 		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
 			number = 0
-			err := s.enqueueTx(ctx, c, func() error {
+			err := enqueueTx(ctx, c, func() error {
 				res, err := next.ExecContext(ctx, name, mode, name)
 				if err == nil {
 					number, err = res.LastInsertId()
@@ -238,7 +212,7 @@ func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, 
 				if err != nil || number == 0 {
 					return err
 				}
-				_, err = add.ExecContext(ctx, name, number/2, s.id, token, mode)
+				_, err = add.ExecContext(ctx, name, number/2, t.id, token, mode)
 				return err
 			})
 			return nil, err
@@ -252,7 +226,7 @@ func (s *Session) insertTicketTx(ctx context.Context, name string, token int64, 
 // fails with a server error it rolls back (a lock wait timeout rolls back
 // only the statement, not the transaction). Other errors leave the
 // connection in an unknown state, and withConn's caller discards it.
-func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() error) error {
+func enqueueTx(ctx context.Context, c *connpool.Conn, f func() error) error {
 	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
 		return err
 	}
@@ -288,7 +262,7 @@ func (s *Session) enqueueTx(ctx context.Context, c *connpool.Conn, f func() erro
 // missing per-name row (the sweep or an operator deleted it, see
 // insertTicket) is created again, its fence seeded above every earlier one
 // (see qFenceSeed).
-func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
+func (t *tickets) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
 	switch {
 	case first && w.ahead:
 		return 1, 0, nil
@@ -296,13 +270,13 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 		return 0, 0, nil
 	}
 	if w.mode == modeShared || !first {
-		ahead, err = s.conflicts(ctx, name, 0, w.ticket, w.mode)
+		ahead, err = t.conflicts(ctx, name, 0, w.ticket, w.mode)
 		if err != nil || ahead > 0 || w.mode == modeShared {
 			return ahead, 0, err
 		}
 	}
 	for creates := 0; ; creates++ {
-		res, err := s.exec(ctx, sTicketTake, w.ticket, name)
+		res, err := t.st.exec(ctx, sTicketTake, w.ticket, name)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -317,7 +291,7 @@ func (s *Session) checkTicket(ctx context.Context, name string, w *waiter, first
 		case creates == maxCreates:
 			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := s.createQueueRow(ctx, name); err != nil {
+		if err := t.createRow(ctx, name); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -330,10 +304,10 @@ const maxCreates = 3
 // conflicts counts the live tickets of name between after and before
 // (exclusive) that a ticket in mode conflicts with, plus 1 for a live
 // holder of the head slot.
-func (s *Session) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
+func (t *tickets) conflicts(ctx context.Context, name string, after, before int64, mode int) (int64, error) {
 	var n int64
-	err := s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.pool, int(sTicketConflicts))
+	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, t.st.pool, int(sTicketConflicts))
 		if err != nil {
 			return err
 		}
@@ -342,36 +316,23 @@ func (s *Session) conflicts(ctx context.Context, name string, after, before int6
 	return n, err
 }
 
-// deleteTicket removes the ticket (number ticket, of token) of a hold that
-// is over, or frees the head slot (ticket headSlot), and rings the
-// doorbell when a waiter waits for it; if that fails (ctx ended, or the
-// database did not answer) the reaper goroutine removes it at once.
-func (s *Session) deleteTicket(ctx context.Context, name string, ticket, token int64) error {
-	o := orphan{name: name, token: token, ticket: true, seq: ticket}
-	if _, err := s.free(ctx, o); err != nil {
-		s.addOrphan(o)
-		return err
-	}
-	return nil
-}
-
 // freeTicket removes the ticket o names, or frees the head slot (o.seq
 // headSlot), if this session's acquisition o.token still has it, and
 // reports whether it did (see Session.free). It rings the session's
 // doorbell when a waiter waits for it: a marker behind the ticket, or any
 // ticket behind the slot.
-func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
+func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 	var res sql.Result
 	var err error
 	switch o.seq {
 	case 0:
 		// An enqueue whose outcome is unknown: no number, so no marker
 		// can be found; a waiter behind it wakes within bellWait.
-		return s.execChanged(ctx, sTicketDelete, o.name, s.id, o.token)
+		return t.st.execChanged(ctx, sTicketDelete, o.name, t.id, o.token)
 	case headSlot:
-		res, err = s.exec(ctx, sQueueRelease, o.name, s.id, o.token)
+		res, err = t.st.exec(ctx, sQueueRelease, o.name, t.id, o.token)
 	default:
-		res, err = s.exec(ctx, sTicketRelease, o.name, s.id, o.token, o.seq+markerBase)
+		res, err = t.st.exec(ctx, sTicketRelease, o.name, t.id, o.token, o.seq+markerBase)
 	}
 	if err != nil {
 		return false, err
@@ -382,7 +343,7 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		// (an operator deleted it with the hold in it): waiters blocked on
 		// this session's doorbell for the slot would then wait bellWait,
 		// so ring anyway. A ring for nothing costs them one check.
-		s.bell.ring()
+		t.bell.ring()
 	}
 	if err != nil || n == 0 {
 		return false, err
@@ -393,7 +354,7 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		ring = waiting == 1
 	}
 	if ring {
-		s.bell.ring()
+		t.bell.ring()
 	}
 	return true, nil
 }
@@ -403,9 +364,9 @@ func (s *Session) freeTicket(ctx context.Context, o orphan) (bool, error) {
 // for the head slot's holder), the doorbell of that ticket's or holder's
 // session and how long its lease has left in microseconds; sql.ErrNoRows
 // when nothing live is ahead.
-func (s *Session) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, err error) {
-	err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return s.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
+func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, err error) {
+	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
 	})
 	return seq, ref, left, err
 }
@@ -413,8 +374,8 @@ func (s *Session) ticketAhead(ctx context.Context, name string, w *waiter) (seq 
 // wantTicket leaves a waiter's marker behind ticket seq of name
 // (qTicketWant), so that its release rings, and reports whether the
 // ticket was still there.
-func (s *Session) wantTicket(ctx context.Context, name string, seq int64) (bool, error) {
-	res, err := s.exec(ctx, sTicketWant, name, seq)
+func (t *tickets) wantTicket(ctx context.Context, name string, seq int64) (bool, error) {
+	res, err := t.st.exec(ctx, sTicketWant, name, seq)
 	if err != nil {
 		return false, err
 	}
