@@ -277,14 +277,15 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 type txRecord struct{ token, fence int64 }
 
 // txHolds is what a session keeps of its LockTx holds: the goroutines
-// that wait for their transactions to end (see awaitTxEnd), the idle
-// connections of those goroutines, and the records of the holds it took
-// in each transaction. It has a mutex of its own.
+// that wait for their transactions to end (see awaitTxEnd), the
+// connections of those goroutines (one each while it blocks, up to
+// txIdleConns kept idle), and the records of the holds it took in each
+// transaction. It has a mutex of its own.
 type txHolds struct {
 	wg      sync.WaitGroup // goroutines waiting for a LockTx hold's transaction to end
 	mu      sync.Mutex
 	closed  bool                      // guarded by mu; no new such goroutine starts
-	conns   []*connpool.Conn          // guarded by mu; idle connections of those goroutines
+	conns   connpool.Kept             // the connections of those goroutines, in use or idle
 	records *sync.Map                 // txKey to txRecord; see remember
 	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
 }
@@ -443,7 +444,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 	ctx := s.stopped
 	var c *connpool.Conn
 	if s.bell.allowed {
-		c = s.txHolds.idleConn()
+		c = s.txHolds.conns.Idle()
 	}
 	ended := false
 	pause := time.Millisecond
@@ -453,7 +454,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		case !s.bell.allowed:
 			_, err = s.execNoWait(ctx, sTxHoldEnd, sTxHoldEndNoWait, name, s.id, token, -token, fence)
 		case c == nil:
-			c, err = s.pool.Dedicated(ctx)
+			c, err = s.txHolds.conns.Open(ctx, s.pool)
 		}
 		if err == nil && c != nil {
 			_, err = s.execOn(ctx, c, sTxHoldEnd, name, s.id, token, -token, fence)
@@ -468,7 +469,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 			s.logger.Debug("dsync: waiting for a transaction's hold to end failed; retrying",
 				"lock", name, "kind", kindMutex, "err", err)
 			if c != nil {
-				c.Close()
+				s.txHolds.conns.Put(c, false)
 				c = nil
 			}
 		}
@@ -495,37 +496,11 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 	}
 	h := s.txHolds
 	h.mu.Lock()
-	if ended && len(h.conns) < txIdleConns && !h.closed && s.stopped.Err() == nil {
-		h.conns = append(h.conns, c)
-		c = nil
-	}
+	keep := ended && !h.closed && s.stopped.Err() == nil
 	h.mu.Unlock()
-	if c != nil {
-		c.Close()
-	}
+	h.conns.PutIdle(c, keep, txIdleConns)
 }
 
-// idleConn returns an idle connection of an ended LockTx hold, or nil.
-func (h *txHolds) idleConn() *connpool.Conn {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := len(h.conns)
-	if n == 0 {
-		return nil
-	}
-	c := h.conns[n-1]
-	h.conns = h.conns[:n-1]
-	return c
-}
-
-// closeIdle closes the idle connections of ended LockTx holds. Once the
-// session has stopped, awaitTxEnd keeps no more of them.
-func (h *txHolds) closeIdle() {
-	h.mu.Lock()
-	idle := h.conns
-	h.conns = nil
-	h.mu.Unlock()
-	for _, c := range idle {
-		c.Close()
-	}
-}
+// closeIdle closes the idle connections of ended LockTx holds, and keeps
+// none from now on: those in use are closed when their goroutines end.
+func (h *txHolds) closeIdle() { h.conns.Close() }

@@ -405,7 +405,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// any block that may follow: nothing to renew.)
 		mw.wanted, mw.wantedAt = true, time.Now()
 		err := s.rows.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
-		mw.unwanted = isErrNo(err, 1205)
+		mw.unwanted = isErrNo(err, errLockWaitTimeout)
 		if err != nil && !mw.unwanted {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 			return waitPace

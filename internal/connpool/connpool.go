@@ -541,3 +541,45 @@ func (k *Kept) Close() {
 		c.Close()
 	}
 }
+
+// Idle returns the connection kept last, or nil when none is kept;
+// unlike Get it never opens one.
+func (k *Kept) Idle() *Conn {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := len(k.idle)
+	if n == 0 {
+		return nil
+	}
+	c := k.idle[n-1]
+	k.idle = k.idle[:n-1]
+	return c
+}
+
+// Open opens one of p's dedicated connections as Get does, but with no
+// cap on how many are open, and returns the error when it cannot. Give it
+// back with Put or PutIdle.
+func (k *Kept) Open(ctx context.Context, p *Pool) (*Conn, error) {
+	c, err := p.Dedicated(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	k.open++
+	k.mu.Unlock()
+	return c, nil
+}
+
+// PutIdle gives back c as Put does, but keeps it only while fewer than
+// most connections are idle.
+func (k *Kept) PutIdle(c *Conn, keep bool, most int) {
+	k.mu.Lock()
+	if keep && !k.closed && len(k.idle) < most {
+		k.idle = append(k.idle, c)
+		k.mu.Unlock()
+		return
+	}
+	k.open--
+	k.mu.Unlock()
+	c.Close()
+}

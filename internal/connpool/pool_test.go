@@ -296,3 +296,42 @@ func TestKeptCapsAndReuses(t *testing.T) {
 	}
 	k.Put(b, true) // closed, not kept
 }
+
+// TestKeptOpenAndPutIdle checks the cache's side without a cap on open
+// connections: Open opens past any cap, PutIdle keeps at most most idle
+// (the last ones kept come out first), Idle never opens one.
+func TestKeptOpenAndPutIdle(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	var k connpool.Kept
+	t.Cleanup(k.Close)
+	if c := k.Idle(); c != nil {
+		t.Fatalf("Idle with none kept: got %v; want nil", c)
+	}
+	var cs []*connpool.Conn
+	for range 3 {
+		c, err := k.Open(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	if n := k.InUse(); n != 3 {
+		t.Fatalf("InUse after 3 Opens: got %d; want 3", n)
+	}
+	for _, c := range cs {
+		k.PutIdle(c, true, 2)
+	}
+	if n := k.InUse(); n != 0 {
+		t.Fatalf("InUse after PutIdle of all: got %d; want 0", n)
+	}
+	a, b := k.Idle(), k.Idle()
+	if a != cs[1] || b != cs[0] {
+		t.Fatalf("Idle after PutIdle with most 2: got %p, %p; want %p, %p (the third closed)", a, b, cs[1], cs[0])
+	}
+	if c := k.Idle(); c != nil {
+		t.Fatalf("third Idle: got %v; want nil", c)
+	}
+	k.Put(a, false)
+	k.Put(b, false)
+}
