@@ -21,6 +21,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -516,17 +517,7 @@ func (k *Kept) InUse() int {
 
 // Put gives back c, from Get: it keeps it for the next Get when keep is
 // set and Close was not called, else closes it.
-func (k *Kept) Put(c *Conn, keep bool) {
-	k.mu.Lock()
-	if keep && !k.closed {
-		k.idle = append(k.idle, c)
-		k.mu.Unlock()
-		return
-	}
-	k.open--
-	k.mu.Unlock()
-	c.Close()
-}
+func (k *Kept) Put(c *Conn, keep bool) { k.PutIdle(c, keep, math.MaxInt) }
 
 // Close closes the idle connections and keeps none from now on: those in
 // use are closed when put back, and Get returns nil.
