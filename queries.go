@@ -337,7 +337,7 @@ WHERE name = ? AND holder = ? AND token = ?`
 
 	// qLockReleaseRing is qLockRelease on the connection that holds the
 	// session's doorbell, ringing it in the same statement when sessions
-	// wait (see Session.freeRinging): it takes the next generation and lets
+	// wait (see lockRows.freeRinging): it takes the next generation and lets
 	// the current one go, as qBellRing does. Args: next doorbell name
 	// (twice), current doorbell name, name, lease id, token. LastInsertId 0: nobody
 	// waited (or nothing was freed); 2: rung, the next generation taken; 1:
