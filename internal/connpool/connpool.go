@@ -468,7 +468,8 @@ func (p *Pool) Dedicated(ctx context.Context) (*Conn, error) {
 func (c *Conn) Close() { c.discard() }
 
 // Kept keeps dedicated connections (see [Pool.Dedicated]) for reuse by
-// one owner, with a cap on how many are open at once, idle or in use. Its
+// one owner, with a cap on how many Get opens at once, idle or in use (Open
+// opens one whatever the cap). Its
 // zero value is empty and open. It is safe for concurrent use.
 type Kept struct {
 	mu     sync.Mutex
