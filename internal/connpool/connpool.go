@@ -469,8 +469,8 @@ func (c *Conn) Close() { c.discard() }
 
 // Kept keeps dedicated connections (see [Pool.Dedicated]) for reuse by
 // one owner, with a cap on how many Get opens at once, idle or in use (Open
-// opens one whatever the cap). Its
-// zero value is empty and open. It is safe for concurrent use.
+// opens one whatever the cap). Its zero value is empty and open. It is safe
+// for concurrent use.
 type Kept struct {
 	mu     sync.Mutex
 	idle   []*Conn // guarded by mu
