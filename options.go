@@ -101,9 +101,10 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 // the session's own connections, so lock traffic waits at most one of
 // them. A row is deleted by the first pass that reaches it at least age
 // after a pass found it free: at most age + 2.75 intervals (1.34 x age)
-// after it fell free, plus up to three pass durations (see docs/OPERATIONS.md,
-// "Table size and clean-up", for measured ones). The session that runs a pass applies its own age: give
-// every session of the tables the same one.
+// after it fell free, plus up to three pass durations (see
+// docs/OPERATIONS.md, "Table size and clean-up", for measured ones). The
+// session that runs a pass applies its own age: give every session of the
+// tables the same one.
 func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.freeRowAge = age } }
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)

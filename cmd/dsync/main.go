@@ -31,6 +31,10 @@ import (
 	"github.com/dsynclock/dsync"
 )
 
+// erNoSuchTable is MySQL's ER_NO_SUCH_TABLE (the library names its error
+// numbers in mysqlerr.go, unexported).
+const erNoSuchTable = 1146
+
 // Exit statuses (besides the command's own, and 128+N for a signal N).
 // The numbers of 64 and up are those of BSD's sysexits.h.
 const (
@@ -205,7 +209,7 @@ func withDB(d *dbFlags, f func(context.Context, *sql.DB) (int, error)) int {
 	}
 	if err != nil {
 		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1146 { // no such table
+		if errors.As(err, &me) && me.Number == erNoSuchTable {
 			err = fmt.Errorf("%w (has no session used prefix %q yet?)", err, d.prefix)
 		}
 		return unavailable(err)
