@@ -158,7 +158,7 @@ func (m *Mutex) enterAcquire(ctx context.Context, c *call, l *localLock, wait bo
 func (m *Mutex) acquire(ctx context.Context, c *call, wait bool) (fence, token int64, err error) {
 	m.s.acquiring.Add(1)
 	defer m.s.acquiring.Add(-1)
-	if !wait && m.s.noWaitOff.Load() {
+	if !wait && m.s.store.noWaitOff.Load() {
 		// A TryLock where the server has no statements that do not wait
 		// (MySQL; see execNoWait) reads the row first: its statements
 		// would wait, up to the lock wait timeout (qSetSession), for a
@@ -279,7 +279,7 @@ const (
 // starveAfter is how long a polling Lock waits before it claims the next
 // hold.
 func (s *Session) starveAfter() time.Duration {
-	if s.galera {
+	if s.store.galera {
 		return galeraStarveAfter
 	}
 	return starveAfter

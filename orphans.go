@@ -272,7 +272,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	ran, res, err := s.rows.freeRinging(ctx, o) // see lockrow.go
 	switch {
 	case !ran:
-		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+		res, err = s.store.exec(ctx, sLockRelease, o.name, s.id, o.token)
 	case err != nil && ctx.Err() == nil:
 		// The statement failed on the doorbell's connection, which went
 		// with it (ForceRelease of another of this session's locks kills
@@ -280,7 +280,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 		// pool connection. The release is by token: when the statement
 		// did commit before it failed, this one frees nothing, and the
 		// error stands (the reaper then finds nothing to free).
-		if again, aerr := s.exec(ctx, sLockRelease, o.name, s.id, o.token); aerr == nil {
+		if again, aerr := s.store.exec(ctx, sLockRelease, o.name, s.id, o.token); aerr == nil {
 			if n, _ := again.RowsAffected(); n > 0 {
 				ran, res, err = false, again, nil // rings below when waiters want it
 			}
