@@ -42,15 +42,6 @@ const orphanWindow = time.Minute
 // tickets (housekeeping only: nothing depends on it).
 const purgeEvery = 10 * time.Minute
 
-// closingKey marks the ctx of Close's own statements, which run after the
-// session has ended.
-type closingKey struct{}
-
-// closingCtx returns the ctx for Close's own statements.
-func closingCtx(ctx context.Context) context.Context {
-	return context.WithValue(ctx, closingKey{}, true)
-}
-
 // A reaper frees a session's orphans in the background, by the session's
 // free (given when made, as it is the lock kinds' release), and purges
 // long-ended leases now and then. It runs its statements through the
