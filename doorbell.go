@@ -343,7 +343,9 @@ const (
 // which wakes the waiters, and the goroutine takes a new one and
 // publishes the generation.
 func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult) bool {
-	if !b.armed.Load() || ctx.Err() != nil || ctx.Value(closingKey{}) != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
+	// Close's own statements (see closingCtx) are not sent here either: Close
+	// makes their ctx only after it has ended stopped.
+	if !b.armed.Load() || ctx.Err() != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
 		return false
 	}
 	defer b.mu.Unlock()

@@ -74,8 +74,9 @@ func (r registry[T]) lookup(name string) *T {
 
 // enter takes the local lock of l: at once when wait is false (reporting
 // false when another goroutine has it), otherwise blocking until it is free,
-// ctx ends or the session ends.
-func (s *Session) enter(ctx context.Context, l *localLock, wait bool) (bool, error) {
+// ctx ends or the session ends. A block is a wait of the lock call c (see
+// Stats).
+func (s *Session) enter(ctx context.Context, c *call, l *localLock, wait bool) (bool, error) {
 	select {
 	case l.sem <- struct{}{}:
 		return true, nil
@@ -84,7 +85,7 @@ func (s *Session) enter(ctx context.Context, l *localLock, wait bool) (bool, err
 			return false, nil
 		}
 	}
-	noteWait(ctx) // another goroutine of the process holds or is acquiring the lock
+	c.noteWait() // another goroutine of the process holds or is acquiring the lock
 	select {
 	case l.sem <- struct{}{}:
 		return true, nil

@@ -139,7 +139,8 @@ func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 }
 
 func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
-	defer m.s.track(&ctx, kindMutex, "locktx", m.name, wait).done(&ok, &err)
+	c := m.s.track(kindMutex, "locktx", m.name, wait)
+	defer c.done(&ok, &err)
 	if m.err != nil {
 		return false, m.err
 	}
@@ -152,17 +153,17 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
 	}
-	if m.s.galera {
+	if m.s.store.galera {
 		return false, fmt.Errorf("dsync: lock %q in a transaction: %w on a Galera cluster (row locks are per node there)", m.name, errors.ErrUnsupported)
 	}
-	ok, err = m.takeTx(ctx, tx, wait)
+	ok, err = m.takeTx(ctx, c, tx, wait)
 	if err != nil {
 		err = fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
 	}
 	return ok, err
 }
 
-func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
+func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (bool, error) {
 	q, err := m.s.txHolds.queries(ctx, m.s.store, m.s.opts.prefix)
 	if err != nil {
 		return false, err
@@ -176,11 +177,11 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 	// transactions of this process that lock names in opposite orders must
 	// meet in the database, which sees the deadlock. It is created outside
 	// tx.
-	if _, err := m.s.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, errDupEntry) {
+	if _, err := m.s.store.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, errDupEntry) {
 		m.s.locks.unref(m.name)
 		return false, err
 	}
-	if got, err := m.txLock(ctx, tx, q, wait); !got || err != nil {
+	if got, err := m.txLock(ctx, c, tx, q, wait); !got || err != nil {
 		m.s.locks.unref(m.name)
 		return false, err
 	}
@@ -193,7 +194,7 @@ func (m *Mutex) takeTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error)
 		return false, fmt.Errorf("%w: the owner in ctx holds it through Lock", ErrDeadlock)
 	}
 	// 2. The lock row, as Lock takes it.
-	fence, token, err := m.enterAcquire(ctx, l, wait)
+	fence, token, err := m.enterAcquire(ctx, c, l, wait)
 	if err != nil || fence == 0 {
 		return false, err
 	}
@@ -259,8 +260,8 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 	err := tx.QueryRowContext(ctx, q.held, -rec.token, rec.fence, m.name).Scan(&marked, &inTx)
 	if err == nil && marked && inTx {
 		var one int
-		err = m.s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			return m.s.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, rec.token}, &one)
+		err = m.s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+			return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, rec.token}, &one)
 		})
 		if err == nil {
 			return nil
@@ -326,8 +327,8 @@ func (h *txHolds) record(tx *sql.Tx, name string) (txRecord, bool) {
 // txLock locks the name's transaction-lock row in tx (qTxLock): at once or
 // not at all when wait is false, else waiting in the database. It reports
 // whether tx has it.
-func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool) (bool, error) {
-	nowait := (!wait || !q.rollbackOnTimeout) && !m.s.noWaitOff.Load()
+func (m *Mutex) txLock(ctx context.Context, c *call, tx *sql.Tx, q *txQueries, wait bool) (bool, error) {
+	nowait := (!wait || !q.rollbackOnTimeout) && !m.s.store.noWaitOff.Load()
 	if !wait && !nowait {
 		// No statement that does not wait (MySQL): wait in the database
 		// only when the lock row is not held now, so that a TryLockTx
@@ -351,8 +352,8 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 			return true, nil
 		case isErrNo(err, errDeadlock):
 			return false, fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
-		case nowait && m.s.noWaitRefused(err):
-			return m.txLock(ctx, tx, q, wait) // without SET STATEMENT from now on
+		case nowait && m.s.store.noWaitRefused(err):
+			return m.txLock(ctx, c, tx, q, wait) // without SET STATEMENT from now on
 		case !isErrNo(err, errLockWaitTimeout) || ctx.Err() != nil:
 			return false, err
 		case !wait:
@@ -366,7 +367,7 @@ func (m *Mutex) txLock(ctx context.Context, tx *sql.Tx, q *txQueries, wait bool)
 		if wholeTx {
 			return false, fmt.Errorf("another transaction held it for longer than innodb_lock_wait_timeout, and the server rolled tx back (innodb_rollback_on_timeout): %w", err)
 		}
-		noteWait(ctx)
+		c.noteWait()
 		nowait = false
 	}
 }
@@ -452,12 +453,12 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		var err error
 		switch {
 		case !s.bell.allowed:
-			_, err = s.execNoWait(ctx, sTxHoldEnd, sTxHoldEndNoWait, name, s.id, token, -token, fence)
+			_, err = s.store.execNoWait(ctx, sTxHoldEnd, sTxHoldEndNoWait, name, s.id, token, -token, fence)
 		case c == nil:
-			c, err = s.txHolds.conns.Open(ctx, s.pool)
+			c, err = s.txHolds.conns.Open(ctx, s.store.pool)
 		}
 		if err == nil && c != nil {
-			_, err = s.execOn(ctx, c, sTxHoldEnd, name, s.id, token, -token, fence)
+			_, err = s.store.execOn(ctx, c, sTxHoldEnd, name, s.id, token, -token, fence)
 		}
 		switch {
 		case err == nil:

@@ -91,7 +91,8 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 }
 
 func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
-	defer m.s.track(&ctx, kindMutex, "lock", m.name, wait).done(&ok, &err)
+	c := m.s.track(kindMutex, "lock", m.name, wait)
+	defer c.done(&ok, &err)
 	if m.err != nil {
 		return false, m.err
 	}
@@ -107,7 +108,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 		m.s.locks.unref(m.name)
 		return true, nil
 	}
-	fence, token, err := m.enterAcquire(ctx, l, wait)
+	fence, token, err := m.enterAcquire(ctx, c, l, wait)
 	if err != nil || fence == 0 {
 		if err != nil {
 			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
@@ -125,13 +126,13 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 // the lock row (see acquire). It returns the fence and token of the
 // acquisition; on an error or a zero fence (not acquired) it has left l and
 // dropped the caller's reference.
-func (m *Mutex) enterAcquire(ctx context.Context, l *localLock, wait bool) (fence, token int64, err error) {
-	entered, err := m.s.enter(ctx, l, wait)
+func (m *Mutex) enterAcquire(ctx context.Context, c *call, l *localLock, wait bool) (fence, token int64, err error) {
+	entered, err := m.s.enter(ctx, c, l, wait)
 	if !entered {
 		m.s.locks.unref(m.name)
 		return 0, 0, err
 	}
-	fence, token, err = m.acquire(ctx, wait)
+	fence, token, err = m.acquire(ctx, c, wait)
 	if err == nil && fence > 0 {
 		// The row is taken, but the session may have ended while the
 		// statement ran (Close, or a lease lost to a slow database): then
@@ -154,10 +155,10 @@ func (m *Mutex) enterAcquire(ctx context.Context, l *localLock, wait bool) (fenc
 // hold it when wait is set (see waitFor). It returns the fence and token
 // of the acquisition, or a zero fence when wait is false and the row is
 // held.
-func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err error) {
+func (m *Mutex) acquire(ctx context.Context, c *call, wait bool) (fence, token int64, err error) {
 	m.s.acquiring.Add(1)
 	defer m.s.acquiring.Add(-1)
-	if !wait && m.s.noWaitOff.Load() {
+	if !wait && m.s.store.noWaitOff.Load() {
 		// A TryLock where the server has no statements that do not wait
 		// (MySQL; see execNoWait) reads the row first: its statements
 		// would wait, up to the lock wait timeout (qSetSession), for a
@@ -167,7 +168,7 @@ func (m *Mutex) acquire(ctx context.Context, wait bool) (fence, token int64, err
 		}
 	}
 	mw := &mutexWait{m: m}
-	taken, err := m.s.waitFor(ctx, wait, &waitPolicy{
+	taken, err := m.s.waitFor(ctx, c, wait, &waitPolicy{
 		try:      mw.try,
 		retrying: mw.retrying,
 		bell:     mw.awaitBell,
@@ -278,7 +279,7 @@ const (
 // starveAfter is how long a polling Lock waits before it claims the next
 // hold.
 func (s *Session) starveAfter() time.Duration {
-	if s.galera {
+	if s.store.galera {
 		return galeraStarveAfter
 	}
 	return starveAfter

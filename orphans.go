@@ -42,15 +42,6 @@ const orphanWindow = time.Minute
 // tickets (housekeeping only: nothing depends on it).
 const purgeEvery = 10 * time.Minute
 
-// closingKey marks the ctx of Close's own statements, which run after the
-// session has ended.
-type closingKey struct{}
-
-// closingCtx returns the ctx for Close's own statements.
-func closingCtx(ctx context.Context) context.Context {
-	return context.WithValue(ctx, closingKey{}, true)
-}
-
 // A reaper frees a session's orphans in the background, by the session's
 // free (given when made, as it is the lock kinds' release), and purges
 // long-ended leases now and then. It runs its statements through the
@@ -272,7 +263,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 	ran, res, err := s.rows.freeRinging(ctx, o) // see lockrow.go
 	switch {
 	case !ran:
-		res, err = s.exec(ctx, sLockRelease, o.name, s.id, o.token)
+		res, err = s.store.exec(ctx, sLockRelease, o.name, s.id, o.token)
 	case err != nil && ctx.Err() == nil:
 		// The statement failed on the doorbell's connection, which went
 		// with it (ForceRelease of another of this session's locks kills
@@ -280,7 +271,7 @@ func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
 		// pool connection. The release is by token: when the statement
 		// did commit before it failed, this one frees nothing, and the
 		// error stands (the reaper then finds nothing to free).
-		if again, aerr := s.exec(ctx, sLockRelease, o.name, s.id, o.token); aerr == nil {
+		if again, aerr := s.store.exec(ctx, sLockRelease, o.name, s.id, o.token); aerr == nil {
 			if n, _ := again.RowsAffected(); n > 0 {
 				ran, res, err = false, again, nil // rings below when waiters want it
 			}

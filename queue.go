@@ -79,7 +79,7 @@ type waiter struct {
 // then it returns a waiter outside the line, with ticket headSlot, that
 // holds the lock, and its fence. Without wait an exclusive waiter never
 // takes a ticket: it returns nil (not obtained) when the slot is busy.
-func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
+func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
 	select {
 	case lq.enq <- struct{}{}:
 	case <-ctx.Done():
@@ -98,7 +98,7 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 		try := idle && (!lq.busy || !wait)
 		lq.mu.Unlock()
 		if try {
-			fence, unknown, err := s.tickets.takeSlot(ctx, name, token)
+			fence, unknown, err := s.tickets.takeSlot(ctx, c, name, token)
 			if unknown {
 				// The take may have landed: free the slot.
 				s.undo(ctx, orphan{name: name, token: token, ticket: true, seq: headSlot})
@@ -117,7 +117,7 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 			return nil, 0, nil // held or waited for: TryLock never takes a ticket
 		}
 	}
-	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, name, token, mode)
+	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, c, name, token, mode)
 	if unknown {
 		// The ticket may be in the table: remove it.
 		s.undo(ctx, orphan{name: name, token: token, ticket: true})
@@ -149,9 +149,10 @@ func (s *Session) enqueue(ctx context.Context, name string, lq *localQueue, mode
 // keeps it locked until it ends. After such a lock wait timeout
 // createQueueRow reads the kind again: a Mutex's name gives ErrOtherKind
 // at once; else (a write of the row that has not committed yet) it binds
-// again after a pause of the session's back-off, never at once.
-func (s *Session) createQueueRow(ctx context.Context, name string) error {
-	_, err := s.waitFor(ctx, true, &waitPolicy{
+// again after a pause of the session's back-off, never at once; that pause
+// is a wait of the lock call c (see Stats).
+func (s *Session) createQueueRow(ctx context.Context, c *call, name string) error {
+	_, err := s.waitFor(ctx, c, true, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
 			kind, err := s.tickets.bindQueueRow(ctx, name)
 			if isErrNo(err, errLockWaitTimeout) {
@@ -174,14 +175,14 @@ func (s *Session) createQueueRow(ctx context.Context, name string) error {
 // awaitTurn waits until w holds the lock and returns its fence (0 for a
 // shared ticket). With wait false it gives up (false, nil) instead of
 // waiting.
-func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w *waiter, wait bool) (int64, bool, error) {
+func (s *Session) awaitTurn(ctx context.Context, c *call, name string, lq *localQueue, w *waiter, wait bool) (int64, bool, error) {
 	select {
 	case <-w.front:
 	default:
 		if !wait {
 			return 0, false, nil
 		}
-		noteWait(ctx) // goroutines of the process are ahead in the local line
+		c.noteWait() // goroutines of the process are ahead in the local line
 		select {
 		case <-w.front:
 		case <-ctx.Done():
@@ -191,10 +192,10 @@ func (s *Session) awaitTurn(ctx context.Context, name string, lq *localQueue, w 
 		}
 	}
 	var ahead, fence int64
-	ok, err := s.waitFor(ctx, wait, &waitPolicy{
+	ok, err := s.waitFor(ctx, c, wait, &waitPolicy{
 		try: func(ctx context.Context, ws *waitState) (bool, error) {
 			var err error
-			ahead, fence, err = s.tickets.checkTicket(ctx, name, w, ws.attempt == 0)
+			ahead, fence, err = s.tickets.checkTicket(ctx, c, name, w, ws.attempt == 0)
 			return ahead == 0, err
 		},
 		bell: func(ctx context.Context, ws *waitState) waitOutcome {
@@ -260,8 +261,8 @@ func (lq *localQueue) kickFront() {
 // (removed, or recorded for the keep-alive to remove) and the waiter has
 // left the local line. Without wait it returns no waiter and no error when
 // the lock was not free.
-func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
-	w, fence, err := s.enqueue(ctx, name, lq, mode, wait)
+func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
+	w, fence, err := s.enqueue(ctx, c, name, lq, mode, wait)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, 0, ctx.Err()
@@ -274,7 +275,7 @@ func (s *Session) acquireTicket(ctx context.Context, name string, lq *localQueue
 	}
 	ok := w.ticket == headSlot
 	if !ok {
-		fence, ok, err = s.awaitTurn(ctx, name, lq, w, wait)
+		fence, ok, err = s.awaitTurn(ctx, c, name, lq, w, wait)
 		lq.leaveLine(w)
 	}
 	if ok {
@@ -324,7 +325,8 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 
 // lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
 func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
-	defer q.s.track(&ctx, kindQueue, "lock", q.name, wait).done(&ok, &err)
+	c := q.s.track(kindQueue, "lock", q.name, wait)
+	defer c.done(&ok, &err)
 	if err := q.precheck(ctx, "lock"); err != nil {
 		return false, err
 	}
@@ -347,7 +349,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	}
 	lq.mu.Unlock()
 
-	w, fence, err := q.join(ctx, lq, modeExclusive, wait, "lock")
+	w, fence, err := q.join(ctx, c, lq, modeExclusive, wait, "lock")
 	if w == nil {
 		return false, err
 	}
@@ -363,14 +365,14 @@ func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
 // only the head slot, which is free only while nobody holds or waits;
 // TryRLock first makes sure nothing in the line conflicts. When it returns
 // no waiter it has dropped the caller's reference to lq.
-func (q *queued) join(ctx context.Context, lq *localQueue, mode int, wait bool, op string) (*waiter, int64, error) {
+func (q *queued) join(ctx context.Context, c *call, lq *localQueue, mode int, wait bool, op string) (*waiter, int64, error) {
 	if !wait && mode == modeShared {
 		if n, err := q.s.tickets.conflicts(ctx, q.name, 0, math.MaxInt64, mode); err != nil || n > 0 {
 			q.s.queues.unref(q.name)
 			return nil, 0, q.wrap(op, err)
 		}
 	}
-	w, fence, err := q.s.acquireTicket(ctx, q.name, lq, mode, wait)
+	w, fence, err := q.s.acquireTicket(ctx, c, q.name, lq, mode, wait)
 	if err != nil || w == nil {
 		q.s.queues.unref(q.name)
 		return nil, 0, q.wrap(op, err)

@@ -91,7 +91,8 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 
 // rlock takes a read hold: joining one of this process, or with a ticket.
 func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
-	defer q.s.track(&ctx, kindQueue, "rlock", q.name, wait).done(&ok, &err)
+	c := q.s.track(kindQueue, "rlock", q.name, wait)
+	defer c.done(&ok, &err)
 	if err := q.precheck(ctx, "rlock"); err != nil {
 		return false, err
 	}
@@ -118,7 +119,7 @@ func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
 			return false, nil
 		}
 	}
-	w, _, err := q.join(ctx, lq, modeShared, wait, "rlock")
+	w, _, err := q.join(ctx, c, lq, modeShared, wait, "rlock")
 	if w == nil {
 		return false, err
 	}

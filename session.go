@@ -49,7 +49,7 @@ import (
 // (1040, too many connections), NewSession and the calls that need one
 // return that error.
 type Session struct {
-	*store // the statement runner; embedded until the call sites name it (s.store.exec)
+	store *store // the statement runner (see store.go)
 
 	opts   options
 	id     int64 // lease id, the holder column of the lock rows it holds
@@ -118,8 +118,8 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	})
 	if err := s.lease.start(ctx, o.label); err != nil {
 		s.stop()
-		s.leaseConn.close()
-		s.releasePool()
+		s.store.leaseConn.close()
+		s.store.releasePool()
 		return nil, err
 	}
 	s.id = s.lease.id
@@ -211,10 +211,10 @@ func (s *Session) lose(cause error) {
 		s.logger.Error("dsync: session lost; its locks may belong to others now", "err", cause)
 	}) {
 		s.stop()
-		s.leaseConn.close() // after stop: a renewal on it ends at once
+		s.store.leaseConn.close() // after stop: a renewal on it ends at once
 		s.waiters.closeIdle()
 		s.txHolds.closeIdle()
-		s.releasePool()
+		s.store.releasePool()
 	}
 }
 
@@ -240,8 +240,8 @@ func (s *Session) Close() error {
 	s.bell.stop()
 	s.waiters.closeIdle()
 	<-s.sweeper.exited
-	defer s.releasePool()
-	defer s.leaseConn.close()
+	defer s.store.releasePool()
+	defer s.store.leaseConn.close()
 	if lost {
 		return nil
 	}
@@ -252,7 +252,7 @@ func (s *Session) Close() error {
 	// Deleting the lease frees every lock row and ticket of the session at
 	// once: a holder whose lease row is gone holds nothing. It runs where
 	// renewals did, on a connection that is open.
-	if _, err := s.execConn(ctx, true, sLeaseDelete, maxRetries, s.id); err != nil {
+	if _, err := s.store.execConn(ctx, true, sLeaseDelete, maxRetries, s.id); err != nil {
 		return fmt.Errorf("dsync: close session %d (its lease ends on the server within %v): %w", s.id, s.opts.ttl, err)
 	}
 	// Then tidy what the session knows it held, so the next acquisition of

@@ -1,7 +1,6 @@
 package dsync
 
 import (
-	"context"
 	"sync/atomic"
 	"time"
 )
@@ -106,51 +105,37 @@ const (
 	kindQueue = "queue" // FairMutex and RWMutex
 )
 
-// call is one lock call being counted (see track). While the call may wait
-// it is also the call's context, so that the code that waits, however
-// deep, can say so (noteWait) without a parameter of its own.
+// call is one lock call being counted (see track). The code that waits,
+// however deep, is handed the call and says so (noteWait).
 type call struct {
-	context.Context
 	s              *Session
 	kind, op, name string    // for the long-wait record
 	start          time.Time // when the call began; zero when it cannot wait
 	waited         bool      // the call has waited; only its own goroutine touches it
 }
 
-// callKey is the context key under which a call finds itself.
-type callKey struct{}
-
-// Value returns the call itself for callKey, else what its parent context
-// holds.
-func (c *call) Value(key any) any {
-	if key == (callKey{}) {
-		return c
-	}
-	return c.Context.Value(key)
-}
-
-// track starts counting a lock call, in one line at the top of the method,
-// whose results must be named:
+// track starts counting a lock call, at the top of the method, whose
+// results must be named:
 //
-//	defer m.s.track(&ctx, kindMutex, "lock", m.name, wait).done(&ok, &err)
+//	c := m.s.track(kindMutex, "lock", m.name, wait)
+//	defer c.done(&ok, &err)
 //
-// When the call may wait (wait), it replaces *ctx by the call, under which
-// the rest of the method runs. done, deferred, counts the outcome.
-func (s *Session) track(ctx *context.Context, kind, op, name string, wait bool) *call {
-	c := &call{Context: *ctx, s: s, kind: kind, op: op, name: name}
+// The method hands c to the code that may wait (noteWait). done, deferred,
+// counts the outcome.
+func (s *Session) track(kind, op, name string, wait bool) *call {
+	c := &call{s: s, kind: kind, op: op, name: name}
 	if wait {
 		c.start = time.Now()
-		*ctx = c
 	}
 	return c
 }
 
-// noteWait records that the lock call running under ctx waits: it did not
-// get the lock at its first attempt (see Stats). Only the first note of a
-// call counts; without a counted call in ctx it does nothing.
-func noteWait(ctx context.Context) {
-	c, _ := ctx.Value(callKey{}).(*call)
-	if c == nil || c.waited {
+// noteWait records that the lock call c waits: it did not get the lock at
+// its first attempt (see Stats). Only the first note of a call counts; on
+// a nil call, or one that cannot wait (track without wait), it does
+// nothing.
+func (c *call) noteWait() {
+	if c == nil || c.start.IsZero() || c.waited {
 		return
 	}
 	c.waited = true

@@ -50,6 +50,18 @@ func (s *store) releasePool() {
 	s.release.Do(func() { releasePool(s.db, s.q) })
 }
 
+// closingKey marks the ctx of Close's own statements, which run after the
+// session has ended (its stopped is done), so that withConn runs them under
+// that ctx alone. It rides in ctx, not in the store, because the same
+// statements (free, undo) run at that moment for other calls, a Lock still
+// in flight, which must stay bound to stopped.
+type closingKey struct{}
+
+// closingCtx returns the ctx for Close's own statements.
+func closingCtx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, closingKey{}, true)
+}
+
 // withConn runs f on one of the session's connections (priority: a lease
 // statement, which runs on the session's own connection when it has one,
 // see leaseConn), under a ctx that ends when ctx does or when the session ends

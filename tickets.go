@@ -23,8 +23,9 @@ type tickets struct {
 	id   int64     // the session's lease id
 	bell *doorbell // the session's doorbell, which a release rings
 	// createRow creates the name's queue row when a statement finds it
-	// missing (the session's createQueueRow, which may wait).
-	createRow func(ctx context.Context, name string) error
+	// missing (the session's createQueueRow, which may wait: a wait of
+	// the lock call c, see Stats).
+	createRow func(ctx context.Context, c *call, name string) error
 }
 
 // takeSlot tries to take the head slot of name for an exclusive hold
@@ -32,7 +33,7 @@ type tickets struct {
 // insertTicket), and returns the new fence, or 0 when the lock is held or
 // tickets wait for it. After an error whose outcome is unknown (unknown
 // set) the take may have landed: the caller frees the slot (see undo).
-func (t *tickets) takeSlot(ctx context.Context, name string, token int64) (fence int64, unknown bool, err error) {
+func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int64) (fence int64, unknown bool, err error) {
 	for creates := 0; ; creates++ {
 		res, err := t.st.exec(ctx, sQueueTake, -t.id, token, t.id, name)
 		var fence int64
@@ -49,7 +50,7 @@ func (t *tickets) takeSlot(ctx context.Context, name string, token int64) (fence
 		case creates == maxCreates:
 			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, name); err != nil {
+		if err := t.createRow(ctx, c, name); err != nil {
 			return 0, false, err
 		}
 	}
@@ -158,7 +159,7 @@ func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insert, so a sweep may delete it again meanwhile; that takes a pass
 // marking it and another one the free-row age later, so a few attempts
 // suffice.
-func (t *tickets) insertTicket(ctx context.Context, name string, token int64, mode int) (ticket int64, ahead, unknown bool, err error) {
+func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token int64, mode int) (ticket int64, ahead, unknown bool, err error) {
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
@@ -180,7 +181,7 @@ func (t *tickets) insertTicket(ctx context.Context, name string, token int64, mo
 		case creates == maxCreates:
 			return 0, false, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, name); err != nil {
+		if err := t.createRow(ctx, c, name); err != nil {
 			return 0, false, false, err
 		}
 	}
@@ -262,7 +263,7 @@ func enqueueTx(ctx context.Context, c *connpool.Conn, f func() error) error {
 // missing per-name row (the sweep or an operator deleted it, see
 // insertTicket) is created again, its fence seeded above every earlier one
 // (see qFenceSeed).
-func (t *tickets) checkTicket(ctx context.Context, name string, w *waiter, first bool) (ahead, fence int64, err error) {
+func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *waiter, first bool) (ahead, fence int64, err error) {
 	switch {
 	case first && w.ahead:
 		return 1, 0, nil
@@ -291,7 +292,7 @@ func (t *tickets) checkTicket(ctx context.Context, name string, w *waiter, first
 		case creates == maxCreates:
 			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, name); err != nil {
+		if err := t.createRow(ctx, c, name); err != nil {
 			return 0, 0, err
 		}
 	}

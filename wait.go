@@ -59,8 +59,9 @@ func (e stopWait) Unwrap() error { return e.err }
 // waitFor makes attempts at a lock as p says until one takes it (true,
 // nil), or, without wait, one finds it held (false, nil), or ctx ends
 // (ctx.Err()), or the session ends (its Err), or the back-off gives up
-// ([ErrNotObtained]), or an attempt fails for good (its error).
-func (s *Session) waitFor(ctx context.Context, wait bool, p *waitPolicy) (bool, error) {
+// ([ErrNotObtained]), or an attempt fails for good (its error). The first
+// wait is noted on c, the lock call (see Stats).
+func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy) (bool, error) {
 	var w waitState
 	var b backoff.BackOff
 	var timer *time.Timer
@@ -88,7 +89,7 @@ func (s *Session) waitFor(ctx context.Context, wait bool, p *waitPolicy) (bool, 
 		case err != nil && p.retrying != nil:
 			p.retrying(err)
 		}
-		noteWait(ctx) // this call waits (see Stats)
+		c.noteWait() // this call waits (see Stats)
 		if b == nil {
 			b = s.opts.newBackOff()
 			w.started = time.Now()
