@@ -130,6 +130,7 @@ func TestTerminal(t *testing.T) {
 	command := script(`trap 'echo INT >> INTS' INT; cat /proc/$$/stat > CHILDSTAT; echo ok > READY; `+
 		`while [ ! -e STOP ]; do sleep 0.02; done`,
 		"INTS", file("ints"), "CHILDSTAT", file("childstat"), "READY", file("ready"), "STOP", file("stop"))
+	command[0] = "bash" // not sh: see testJobControl
 	shell := fmt.Sprintf(`%s run --wait 60s %s -- %s %s %s; echo $? > STATUS; cat /proc/$$/stat > AFTER`,
 		shQuote(binary), shQuote(name), command[0], command[1], shQuote(command[2]))
 	shell = strings.NewReplacer("STATUS", shQuote(file("status")), "AFTER", shQuote(file("after"))).Replace(shell)
@@ -230,6 +231,10 @@ func testJobControl(t *testing.T, pipe string) {
 	name := lockName(t)
 	command := script(`echo $$ > PID; while [ ! -e STOP ]; do sleep 0.02; done; cat /proc/$$/stat > CHILDSTAT; exit 5`,
 		"PID", file("pid"), "STOP", file("stop"), "CHILDSTAT", file("childstat"))
+	// bash, not sh: dash starts sleep with vfork, and a Ctrl-Z that stops
+	// the child between vfork and exec leaves the parent waiting for it,
+	// unstopped, so neither dsync nor a shell sees the job stop.
+	command[0] = "bash"
 
 	tty := openPTY(t)
 	bash := exec.Command("bash", "--norc", "--noprofile", "--noediting", "-i")
@@ -252,6 +257,11 @@ func testJobControl(t *testing.T, pipe string) {
 	if _, err := tty.master.Write([]byte{26}); err != nil { // Ctrl-Z
 		t.Fatal(err)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("TTY: %q", tty.output())
+		}
+	}()
 	waitFor(t, "bash to report the job stopped", func() bool { return strings.Contains(tty.output(), "Stopped") })
 	if state := procState(pid); state != "T" {
 		t.Errorf("the command after Ctrl-Z: state %q; want T (stopped)", state)
