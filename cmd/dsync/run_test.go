@@ -312,7 +312,8 @@ func TestCommandDeadBeforeNextHolder(t *testing.T) {
 // TestExitStatusDatabaseUnusable: 69 when the database cannot be used:
 // a DSN that does not parse, a port that refuses, a server that accepts
 // but never answers (within --connect-timeout), a database that does not
-// exist. The command never runs.
+// exist. The command never runs. The message says "dsync:" once, though
+// the library's error says it too.
 func TestExitStatusDatabaseUnusable(t *testing.T) {
 	refused := func() string { // a port nothing listens on
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -372,8 +373,8 @@ func TestExitStatusDatabaseUnusable(t *testing.T) {
 				if r.code != exitUnavailable {
 					t.Errorf("dsync %s: exit status: got %d; want %d (stderr %q)", cmd[0], r.code, exitUnavailable, r.stderr)
 				}
-				if !strings.Contains(r.stderr, "database unusable") {
-					t.Errorf("dsync %s: stderr: got %q; want it to say the database is unusable", cmd[0], r.stderr)
+				if !strings.Contains(r.stderr, "database unusable") || strings.Count(r.stderr, "dsync:") != 1 {
+					t.Errorf("dsync %s: stderr: got %q; want it to say the database is unusable, with one dsync: prefix", cmd[0], r.stderr)
 				}
 			}
 			if exists(ran) {
@@ -494,7 +495,7 @@ func TestGraceBound(t *testing.T) {
 		code  int
 		say   string // in stderr
 	}{
-		{[]string{"--ttl", "20s", "--grace", "6s"}, exitUsage, "run: --grace 6s is more than TTL/4 = 5s (--ttl 20s): lower --grace, or raise --ttl to at least 24s\n"},
+		{[]string{"--ttl", "20s", "--grace", "6s"}, exitUsage, "run: --grace 6s is more than TTL/4 = 5s (--ttl 20s): lower --grace, or raise --ttl to at least 24s (see 'dsync run --help')\n"},
 		{[]string{"--grace", "4s"}, exitUsage, "TTL/4 = 3.75s (--ttl 15s)"},
 		{[]string{"--ttl", "20s", "--grace", "5s"}, 0, ""},
 		{[]string{"--ttl", "1s"}, 0, ""}, // the default grace fits
@@ -754,5 +755,62 @@ func TestForcedReleaseIsLostHold(t *testing.T) {
 				t.Errorf("stderr: got %q; want it to give the command's status, 3", r.stderr)
 			}
 		})
+	}
+}
+
+// TestDriverLogSilenced: the MySQL driver's own log lines ("[mysql] ...
+// closing bad idle connection: ...") do not reach dsync's stderr when the
+// server closes dsync's connections under a running command: dsync run,
+// on a database of its own, holds a lock while its connections are
+// killed; its renewals and release go on on new ones.
+func TestDriverLogSilenced(t *testing.T) {
+	admin := dbtest.Open(t)
+	db := fmt.Sprintf("dsync_drvlog_%d", time.Now().UnixNano())
+	if _, err := admin.Exec("CREATE DATABASE " + db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("DROP DATABASE " + db) })
+	cfg, err := mysql.ParseDSN(dbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = db
+	dir := t.TempDir()
+	ready, stop := filepath.Join(dir, "ready"), filepath.Join(dir, "stop")
+	d := startDsync(t, args([]string{"run", "--dsn", cfg.FormatDSN(), "--ttl", "1.5s", lockName(t), "--"},
+		script(`echo ok > READY; while [ ! -e STOP ]; do sleep 0.02; done`, "READY", ready, "STOP", stop))...)
+	waitFile(t, ready)
+	kill := func() int {
+		rows, err := admin.Query("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?", db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		for _, id := range ids {
+			admin.Exec(fmt.Sprintf("KILL CONNECTION %d", id))
+		}
+		return len(ids)
+	}
+	killed := kill()
+	time.Sleep(time.Second) // two renewals, on new connections
+	killed += kill()
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := d.wait(t)
+	if killed == 0 {
+		t.Fatalf("no connection of dsync was killed: the fault did not happen")
+	}
+	t.Logf("killed %d connections of dsync; it exited %d: %q", killed, r.code, r.stderr)
+	if strings.Contains(r.stderr, "[mysql]") {
+		t.Errorf("stderr: got %q; want no line of the driver's", r.stderr)
 	}
 }
