@@ -689,7 +689,7 @@ func TestWaitingLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, quiet := range []string{"", "-q", "--quiet"} {
-		r := runDsync(t, args([]string{"run", "-w", "0.3"}, slices.DeleteFunc([]string{quiet}, func(s string) bool { return s == "" }), []string{name, "--", "true"})...)
+		r := runDsync(t, args([]string{"run", "--wait", "300ms"}, slices.DeleteFunc([]string{quiet}, func(s string) bool { return s == "" }), []string{name, "--", "true"})...)
 		if r.code != exitNotObtained {
 			t.Errorf("dsync run %s: exit status %d; want %d (stderr %q)", quiet, r.code, exitNotObtained, r.stderr)
 		}
@@ -717,7 +717,8 @@ func TestForcedReleaseIsLostHold(t *testing.T) {
 		script string // writes READY once running; exits once STOP exists
 	}{
 		{"noticed while the command runs", "1.5s",
-			`trap 'echo TERM > MARKER; exit 0' TERM; echo $$ > READY; while [ ! -e STOP ]; do sleep 0.02; done`},
+			// Gives up after 5s or so: dsync should have stopped it by then.
+			`trap 'echo TERM > MARKER; exit 0' TERM; echo $$ > READY; i=0; while [ ! -e STOP ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done`},
 		{"noticed as the command ends", "15s",
 			`echo $$ > READY; while [ ! -e STOP ]; do sleep 0.02; done; exit 3`},
 	} {
