@@ -5,6 +5,7 @@
 //	dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
 //	dsync schema [--prefix P]                    the CREATE TABLE statements
 //	dsync release --force [--dsn DSN] [--prefix P] NAME   free a Mutex held by a live session
+//	dsync --version                              the version of the dsync module
 //
 // Install it with
 //
@@ -89,21 +90,21 @@ const (
   Exit status: the command's; 128+N when it died of signal N; 75 (or -E's)
   lock not obtained; 78 the name is used by another kind of lock (--fair,
   --read and --write against none of them); 70 the hold was lost while the
-  command ran: the lease lost or at risk, or the lock released by force
-  (dsync release --force; noticed within TTL/3, or when the command ends):
-  dsync stopped the command; 69 database unusable; 64 usage.
+  command ran: the lease lost or at risk, or the Mutex released by force
+  (dsync release --force, seen within about TTL/3): dsync stopped the
+  command (unless it had ended); 69 database unusable; 64 usage.
 `
 	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
+      --connect-timeout D   give up after D (default 10s)
 `
 	schemaUsage = `dsync schema [--prefix P]                    the CREATE TABLE statements
 `
 	releaseUsage = `dsync release --force [--dsn DSN] [--prefix P] NAME
                                              free a Mutex held by a live session
+      --connect-timeout D   give up after D (default 10s)
 `
 	usage = "usage:\n" + runUsage + lsUsage + schemaUsage + releaseUsage +
-		`ls and release also take --connect-timeout D, which bounds the whole command.
-dsync --version prints the version.
-`
+		"dsync --version                              the version of the dsync module\n"
 )
 
 // usages maps each command to its usage.
