@@ -105,4 +105,3 @@ func TestLeastPrivileges(t *testing.T) {
 		t.Fatalf("NewSession without CREATE on a new prefix: got %v; want error 1142 naming CREATE", err)
 	}
 }
-
