@@ -147,20 +147,20 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 		return false, m.err
 	}
 	if tx == nil {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w: nil *sql.Tx", m.name, ErrInvalidOption)
+		return false, opErrorf(fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption), "lock %q in a transaction", m.name)
 	}
 	if err := m.s.Err(); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+		return false, opErrorf(err, "lock %q in a transaction", m.name)
 	}
 	if m.s.store.galera {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w on a Galera cluster (row locks are per node there)", m.name, errors.ErrUnsupported)
+		return false, opErrorf(fmt.Errorf("%w on a Galera cluster (row locks are per node there)", errors.ErrUnsupported), "lock %q in a transaction", m.name)
 	}
 	ok, err = m.takeTx(ctx, c, tx, wait)
 	if err != nil {
-		err = fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+		err = opErrorf(err, "lock %q in a transaction", m.name)
 	}
 	return ok, err
 }

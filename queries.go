@@ -257,6 +257,14 @@ WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 	// is free from then on. Args: lease id.
 	qLeaseDelete = `DELETE FROM {lease} WHERE id = ?`
 
+	// qLeaseLive reads whether the session's lease is live on the server.
+	// Unlock asks it when the release found the lock row no longer the
+	// session's: a live lease was never taken over (a lease that ended
+	// stays ended, see qLeaseRenew, and no acquisition takes a live
+	// lease's row), so its row was freed by ForceRelease. Args: lease id.
+	// One row, 1 or 0.
+	qLeaseLive = `SELECT EXISTS (SELECT 1 FROM {lease} WHERE id = ? AND expires_at > UTC_TIMESTAMP(6))`
+
 	// qLeasePurge deletes leases that ended over an hour ago (crashed
 	// sessions), so the table does not grow without bound. A lock row naming
 	// a missing lease is free, exactly as one naming an ended lease.
@@ -1068,6 +1076,7 @@ const (
 	sLockKind
 	sQueueBind
 	sQueueBindNoWait
+	sLeaseLive
 	numStmts
 )
 
@@ -1154,6 +1163,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLockKind] = r.Replace(qLockKind)
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
+	q.prepared[sLeaseLive] = r.Replace(qLeaseLive)
 	return q
 }
 
