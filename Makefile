@@ -1,4 +1,9 @@
 # The README's two commands: make demo, make test.
+#
+# make test runs go test -json through internal/cmd/testlog, which prints a
+# line per top-level test as it ends and per package, the whole output of
+# what failed, and the tests still running after 30s without a line; it
+# exits non-zero when go test does or when anything failed.
 GO ?= go
 
 # The oldest Go release the module supports: the go line of go.mod. make
@@ -20,7 +25,7 @@ demo: mariadb
 test: mariadb
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt: $$unformatted"; exit 1; fi
-	$(GO) test -race -count=1 -timeout 10m $(TESTFLAGS) ./...
+	$(GO) run ./internal/cmd/testlog $(GO) test -json -race -count=1 -timeout 10m $(TESTFLAGS) ./...
 
 test-oldest-go:
 	$(MAKE) test GO='env GOTOOLCHAIN=$(OLDEST_GO) go' TESTFLAGS=-short

@@ -128,7 +128,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		locks = append(locks, l)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("dsync: list Mutex holders: %w", err)
+		return nil, opErrorf(err, "list Mutex holders")
 	}
 	var line []ticketInfo // the live tickets of one name, in line order
 	if err := scanRows(ctx, db, tickets, args, func(rows *sql.Rows) error {
@@ -145,7 +145,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		line = append(line, t)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("dsync: list FairMutex and RWMutex holders: %w", err)
+		return nil, opErrorf(err, "list FairMutex and RWMutex holders")
 	}
 	locks = appendHolds(locks, line)
 	slices.SortStableFunc(locks, func(a, b LockInfo) int {
@@ -212,7 +212,7 @@ func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan fu
 // reports whether it did: the operator's override for a holder that is
 // stuck but still renewing its lease. The holder is not told: its session
 // stays live, it goes on believing it holds the lock until its Unlock
-// returns [ErrNotHeld], and meanwhile another session may take the lock.
+// returns [ErrReleasedByForce] (which is also [ErrNotHeld]), and meanwhile another session may take the lock.
 // Only fences keep it from doing harm from then on: the next acquisition's
 // fence is greater than the stuck holder's, so a resource that checks
 // fences refuses the stuck holder's writes once the new holder has
@@ -246,16 +246,16 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 	// release reads means a connection of the server that ran it.
 	c, err := db.Conn(ctx)
 	if err != nil {
-		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+		return false, opErrorf(err, "force release %q", name)
 	}
 	defer c.Close()
 	res, err := c.ExecContext(ctx, q.forceRelease, name)
 	if err != nil {
-		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+		return false, opErrorf(err, "force release %q", name)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, fmt.Errorf("dsync: force release %q: %w", name, err)
+		return false, opErrorf(err, "force release %q", name)
 	}
 	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
 		// Ring for the holder, which does not know, if that connection

@@ -362,8 +362,12 @@ func TestAdminMisuse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := tt.call(); !errors.Is(err, tt.want) {
-				t.Errorf("got %v; want %v", err, tt.want)
+			err := tt.call()
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("got %v; want %v", err, tt.want)
+			}
+			if n := strings.Count(err.Error(), "dsync:"); n != 1 {
+				t.Errorf("got %q (dsync: %d times); want dsync: once", err, n)
 			}
 		})
 	}

@@ -3,15 +3,27 @@ package dsync
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. dsync wraps them with context (the lock name, the
-// underlying cause), so compare with [errors.Is], never with ==.
+// underlying cause), so compare with [errors.Is], never with ==. Every
+// error dsync returns starts with "dsync: ", once.
 var (
 	// ErrNotHeld is returned by Unlock when this process does not hold the
 	// lock (never locked, or already unlocked), and by Unlock when the lock
-	// row turned out to belong to someone else.
+	// row turned out to belong to someone else: released by force (see
+	// [ErrReleasedByForce]), or taken over after the session's lease
+	// lapsed on the server.
 	ErrNotHeld = errors.New("dsync: lock not held")
+
+	// ErrReleasedByForce is returned by [Mutex.Unlock] when an operator
+	// freed the lock while this session held it ([ForceRelease], or
+	// dsync release --force): the hold was lost, and another session may
+	// have taken the lock meanwhile. It wraps [ErrNotHeld], so
+	// errors.Is(err, ErrNotHeld) is true for it as well. The session stays
+	// live: Unlock is the only call that learns of it.
+	ErrReleasedByForce = fmt.Errorf("%w: released by force", ErrNotHeld)
 
 	// ErrNotOwner is returned by Unlock when the lock was taken with an owner
 	// (see [WithOwner]) and ctx carries a different owner or none.
@@ -92,4 +104,26 @@ func otherKindError(kind int) error {
 		user = "a FairMutex or RWMutex"
 	}
 	return fmt.Errorf("%w: %s uses it (until the clean-up deletes its idle rows, see WithFreeRowAge)", ErrOtherKind, user)
+}
+
+// An opError is an error of a dsync call: what failed (op, such as
+// `unlock "x"`) and why (err). Its message carries the "dsync: " prefix
+// once: err's own prefix, when it is a dsync error (a sentinel, or an
+// error that starts with one), is dropped from the text, while errors.Is
+// and errors.As still see err.
+type opError struct {
+	op  string
+	err error
+}
+
+func (e *opError) Error() string {
+	return "dsync: " + e.op + ": " + strings.TrimPrefix(e.err.Error(), "dsync: ")
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+// opErrorf returns err as the cause of the failed operation that format
+// and args describe (see opError).
+func opErrorf(err error, format string, args ...any) error {
+	return &opError{op: fmt.Sprintf(format, args...), err: err}
 }

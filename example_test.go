@@ -35,19 +35,29 @@ func ExampleMutex_Lock() {
 	}
 	defer session.Close() // frees whatever the session still holds
 
+	if err := nightlyReport(ctx, session); err != nil {
+		log.Fatal(err)
+	}
+	// Output: running the report with fence > 0: true
+}
+
+// nightlyReport runs the report while it holds the lock "nightly-report",
+// and returns Unlock's error with its own: ErrSessionExpired from Unlock
+// means the lease was lost, possibly before the work ended.
+func nightlyReport(ctx context.Context, session *dsync.Session) (err error) {
 	m := dsync.NewMutex(session, "nightly-report")
 	lockCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := m.Lock(lockCtx); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			log.Fatal("another process has been running the report for 30s")
+			return fmt.Errorf("another process has been running the report for 30s: %w", err)
 		}
-		log.Fatal(err)
+		return err
 	}
-	defer m.Unlock(ctx)
+	defer func() { err = errors.Join(err, m.Unlock(ctx)) }()
 
 	fmt.Println("running the report with fence > 0:", m.Fence() > 0)
-	// Output: running the report with fence > 0: true
+	return nil
 }
 
 func ExampleMutex_TryLock() {
@@ -212,7 +222,11 @@ func ExampleMutex_Fence() {
 	if err := m.Lock(ctx); err != nil {
 		log.Fatal(err)
 	}
-	defer m.Unlock(ctx)
+	defer func() {
+		if err := m.Unlock(ctx); err != nil {
+			log.Print(err) // ErrSessionExpired: the fence below is what protected the write
+		}
+	}()
 
 	// The write carries the fence and only lands if no later holder wrote.
 	res, err := db.ExecContext(ctx,

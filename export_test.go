@@ -49,3 +49,12 @@ func AfterKindRead(f func(name string)) (restore func()) {
 	kindReadHook.Store(&f)
 	return func() { kindReadHook.Store(nil) }
 }
+
+// TxCheckAnyServer makes the sessions whose first LockTx comes after it
+// use the statements of a server without MariaDB's @@in_transaction
+// (MySQL), as if the server had none, until the returned function is
+// called.
+func TxCheckAnyServer() (restore func()) {
+	txAnyServerHook.Store(true)
+	return func() { txAnyServerHook.Store(false) }
+}

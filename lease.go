@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -46,21 +45,30 @@ func newLease(st *store, ttl time.Duration, stats *counters, lost func(error)) *
 
 // start creates the missing tables, then the lease row (see create), on
 // the connection of the lease statements, which it leaves with the renewal
-// prepared, and sets the first deadline.
+// prepared, and sets the first deadline. Its errors name the step that
+// failed: connect to the database, a step of createTables, or create the
+// lease.
 func (l *lease) start(ctx context.Context, label string) error {
-	return l.st.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
+	connected := false
+	err := l.st.withConn(ctx, true, func(ctx context.Context, c *connpool.Conn) error {
+		connected = true
 		// On a Galera cluster the DDL of sessions creating the tables at
 		// once, and the version record, can meet as certification
 		// conflicts (1213), which roll a statement back: all of it runs
 		// again, and finds what the others created.
 		_, err := retryRolledBack(ctx, func() (sql.Result, error) { return nil, createTables(ctx, c, l.st.q) })
-		if errors.Is(err, ErrSchemaVersion) {
+		if err != nil {
 			return err
-		} else if err != nil {
-			return fmt.Errorf("dsync: prepare tables: %w", err)
 		}
-		return l.create(ctx, c, label)
+		if err := l.create(ctx, c, label); err != nil {
+			return opErrorf(err, "create the session's lease in %s", l.st.q.tables[1])
+		}
+		return nil
 	})
+	if err != nil && !connected {
+		return connectError(err)
+	}
+	return err
 }
 
 // create inserts the lease row, with a new random id, on c (the connection
@@ -72,12 +80,12 @@ func (l *lease) create(ctx context.Context, c *connpool.Conn, label string) erro
 		_, err = c.Stmt(ctx, l.st.pool, int(sLeaseRenew)) // see acquirePool
 	}
 	if err != nil {
-		return fmt.Errorf("dsync: create lease: %w", err)
+		return err
 	}
 	for attempt := 0; ; attempt++ {
 		id, err := randomID()
 		if err != nil {
-			return fmt.Errorf("dsync: create lease: %w", err)
+			return err
 		}
 		// The lease can end no earlier than TTL after the insert is
 		// sent: the clock starts now, not before the statement was
@@ -92,7 +100,7 @@ func (l *lease) create(ctx context.Context, c *connpool.Conn, label string) erro
 			return nil
 		}
 		if !isErrNo(err, errDupEntry) || attempt == 9 || ctx.Err() != nil {
-			return fmt.Errorf("dsync: create lease: %w", err)
+			return err
 		}
 	}
 }

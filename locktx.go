@@ -110,11 +110,13 @@ import (
 // At REPEATABLE READ, read what the lock protects after LockTx: a snapshot
 // taken by a read before it may predate the previous holder's commit. tx
 // must still be in its transaction: after a COMMIT (or an implicitly
-// committing statement) run through it, LockTx returns [ErrNotHeld]. It
-// checks that with MariaDB's @@in_transaction; on MySQL it returns an
-// error wrapping [errors.ErrUnsupported]. After a COMMIT and a BEGIN run
-// through tx, LockTx of a name tx held before the COMMIT returns
-// [ErrNotHeld] too.
+// committing statement) run through it, LockTx returns [ErrNotHeld]. On
+// MariaDB it checks that with @@in_transaction, in the statement that
+// hands the lock row to tx; on a server without it (MySQL) it reads the
+// committed row on a session connection after that statement, one more
+// round trip, and undoes a hand-over that committed at once. After a
+// COMMIT and a BEGIN run through tx, LockTx of a name tx held before the
+// COMMIT returns [ErrNotHeld] too.
 //
 // On a Galera cluster LockTx returns an error wrapping
 // [errors.ErrUnsupported]: row locks are per node there, so a transaction
@@ -145,20 +147,20 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 		return false, m.err
 	}
 	if tx == nil {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w: nil *sql.Tx", m.name, ErrInvalidOption)
+		return false, opErrorf(fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption), "lock %q in a transaction", m.name)
 	}
 	if err := m.s.Err(); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+		return false, opErrorf(err, "lock %q in a transaction", m.name)
 	}
 	if m.s.store.galera {
-		return false, fmt.Errorf("dsync: lock %q in a transaction: %w on a Galera cluster (row locks are per node there)", m.name, errors.ErrUnsupported)
+		return false, opErrorf(fmt.Errorf("%w on a Galera cluster (row locks are per node there)", errors.ErrUnsupported), "lock %q in a transaction", m.name)
 	}
 	ok, err = m.takeTx(ctx, c, tx, wait)
 	if err != nil {
-		err = fmt.Errorf("dsync: lock %q in a transaction: %w", m.name, err)
+		err = opErrorf(err, "lock %q in a transaction", m.name)
 	}
 	return ok, err
 }
@@ -204,13 +206,14 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 	if err == nil {
 		n, err = res.RowsAffected()
 	}
+	committed := false // the hand-over committed at once: tx is in no transaction
 	switch {
 	case err == nil && n != 1:
 		err = fmt.Errorf("%w: the lock row was not the session's to hand to tx (tx is in no transaction, or on another server, or the session's lease ended)", ErrNotHeld)
+	case err == nil && q.anyServer:
+		committed, err = m.txCommittedAtOnce(ctx, token, fence)
 	case isErrNo(err, errDeadlock):
 		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
-	case isErrNo(err, errUnknownSystemVariable):
-		err = fmt.Errorf("%w: LockTx needs MariaDB (@@in_transaction): %w", errors.ErrUnsupported, err)
 	}
 	if err == nil {
 		err = m.s.Err()
@@ -219,8 +222,11 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		// tx did not take the row (a server error, or nothing matched), or
 		// its connection is gone and with it the transaction: the session
 		// still holds the row, and frees it in the background (it may wait
-		// for tx to end).
-		m.s.addOrphan(orphan{name: m.name, token: token})
+		// for tx to end). Unless the hand-over committed at once: the row
+		// is free already.
+		if !committed {
+			m.s.addOrphan(orphan{name: m.name, token: token})
+		}
 		l.leave()
 		m.s.locks.unref(m.name)
 		return false, err
@@ -251,19 +257,20 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 // through tx. Two plain reads, which lock nothing whatever the row's
 // state: the lock row as tx sees it (qTxHeld), and, when that shows the
 // hold's mark, the committed row on a session connection
-// (qTxHoldPending), because a mark committed by a COMMIT run through tx
-// also shows to a later transaction of tx's connection. It returns nil
-// when tx holds the name, and an error wrapping ErrNotHeld when the hold
-// has ended.
+// (qTxHoldPending). The mark shows to tx both as its own pending write
+// and once a COMMIT run through tx has made it everyone's (tx's connection
+// then reads committed rows, in no transaction or a later one); the
+// committed row is the session's only in the first case. So the two reads
+// need no server's word on whether tx's connection is in a transaction.
+// It returns nil when tx holds the name, and an error wrapping ErrNotHeld
+// when the hold has ended.
 func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txRecord) error {
-	var marked, inTx bool
-	err := tx.QueryRowContext(ctx, q.held, -rec.token, rec.fence, m.name).Scan(&marked, &inTx)
-	if err == nil && marked && inTx {
-		var one int
-		err = m.s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, rec.token}, &one)
-		})
-		if err == nil {
+	var marked bool
+	err := tx.QueryRowContext(ctx, q.held, -rec.token, rec.fence, m.name).Scan(&marked)
+	if err == nil && marked {
+		var pending bool
+		pending, err = m.txPending(ctx, rec.token)
+		if err == nil && pending {
 			return nil
 		}
 	}
@@ -271,6 +278,43 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 		return err
 	}
 	return fmt.Errorf("%w: the hold of tx ended while tx went on (ROLLBACK TO SAVEPOINT taken before LockTx, or COMMIT through tx): roll tx back and start a new transaction", ErrNotHeld)
+}
+
+// txPending reads, on a session connection, whether the committed lock row
+// is still as the session held it under token before it handed the row to
+// a transaction (qTxHoldPending): then the hand-over waits for that
+// transaction's end.
+func (m *Mutex) txPending(ctx context.Context, token int64) (bool, error) {
+	var one int
+	err := m.s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, token}, &one)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// txCommittedAtOnce checks, on a server without @@in_transaction, that
+// the hand-over of the row (qTxHoldAnyServer, RowsAffected 1) waits for
+// tx's commit, which proves that tx is in a transaction; else it
+// committed at once, freeing the row (tx's connection is in autocommit
+// mode). Then it clears the hold's mark (qTxHoldEnd), rings the doorbell
+// (waiters saw the row held by this session), and returns true and an
+// error wrapping ErrNotHeld: the lock was this session's until that
+// commit and nobody's after it, never tx's. (Another session may have
+// taken it since; nothing here assumes otherwise.) After an error of the
+// read it does not know, and returns false and the error.
+func (m *Mutex) txCommittedAtOnce(ctx context.Context, token, fence int64) (bool, error) {
+	pending, err := m.txPending(ctx, token)
+	if err != nil || pending {
+		return false, err
+	}
+	if _, err := m.s.store.exec(ctx, sTxHoldEnd, m.name, m.s.id, token, -token, fence); err != nil {
+		m.s.logger.Debug("dsync: clearing the mark of a hold that tx committed at once failed", "lock", m.name, "kind", kindMutex, "err", err)
+	}
+	m.s.bell.ring()
+	return true, fmt.Errorf("%w: tx is in no transaction (it ran a COMMIT or an implicitly committing statement, or was rolled back), so the hand-over committed at once", ErrNotHeld)
 }
 
 // txRecord is what the process remembers of a LockTx hold it took: the
@@ -290,6 +334,11 @@ type txHolds struct {
 	records *sync.Map                 // txKey to txRecord; see remember
 	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
 }
+
+// txAnyServerHook, when set (by tests), makes sessions whose LockTx
+// statements are made from then on use those of a server without
+// @@in_transaction, whatever the server.
+var txAnyServerHook atomic.Bool
 
 func newTxHolds() *txHolds { return &txHolds{records: new(sync.Map)} }
 
@@ -373,20 +422,29 @@ func (m *Mutex) txLock(ctx context.Context, c *call, tx *sql.Tx, q *txQueries, w
 }
 
 // queries returns LockTx's statements, made at its first use from what
-// the session's connections (st) say about the server (qTxSession).
+// the session's connections (st) say about the server (qTxSession,
+// qTxInTransaction).
 func (h *txHolds) queries(ctx context.Context, st *store, prefix string) (*txQueries, error) {
 	if q := h.txq.Load(); q != nil {
 		return q, nil
 	}
 	var database sql.NullString
-	var rollback bool
+	var rollback, inTx bool
+	anyServer := txAnyServerHook.Load()
 	err := st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return c.QueryRowContext(ctx, qTxSession).Scan(&database, &rollback)
+		if err := c.QueryRowContext(ctx, qTxSession).Scan(&database, &rollback); err != nil {
+			return err
+		}
+		err := c.QueryRowContext(ctx, qTxInTransaction).Scan(&inTx)
+		if isErrNo(err, errUnknownSystemVariable) {
+			anyServer, err = true, nil
+		}
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	q := newTxQueries(database.String, prefix)
+	q := newTxQueries(database.String, prefix, anyServer)
 	q.rollbackOnTimeout = rollback
 	h.txq.Store(q)
 	return q, nil

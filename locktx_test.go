@@ -1088,3 +1088,26 @@ func TestLostSessionClosesTxConns(t *testing.T) {
 		t.Errorf("connections in use after the session was lost: got %d; want 0", inUse)
 	}
 }
+
+// TestLockTxWithoutInTransaction: on a server without MariaDB's
+// @@in_transaction (MySQL), LockTx learns that tx is in a transaction from
+// the committed lock row after handing the row to tx, and undoes a
+// hand-over that committed at once. The tests of that contract run again
+// with those statements (dsync.TxCheckAnyServer): a hold excludes Lock
+// both ways; outside a transaction LockTx returns ErrNotHeld and leaves
+// the lock free; LockTx again after a COMMIT through tx returns
+// ErrNotHeld, and after ROLLBACK TO a SAVEPOINT taken after it nil.
+func TestLockTxWithoutInTransaction(t *testing.T) {
+	t.Cleanup(dsync.TxCheckAnyServer())
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"ExcludesLockBothWays", TestLockTxExcludesLockBothWays},
+		{"OutsideATransaction", TestLockTxOutsideATransaction},
+		{"AfterCommitThroughTx", TestLockTxAfterCommitThroughTx},
+		{"KeptByRollbackToALaterSavepoint", TestLockTxKeptByRollbackToALaterSavepoint},
+	} {
+		t.Run(tc.name, tc.test)
+	}
+}

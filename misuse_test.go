@@ -32,7 +32,7 @@ func heldBy(t *testing.T, db *sql.DB, name string) int64 {
 }
 
 // TestMisuse is the misuse table: every wrong use returns the documented
-// sentinel and leaves no lock row held.
+// sentinel, with the dsync: prefix once, and leaves no lock row held.
 func TestMisuse(t *testing.T) {
 	bg := context.Background()
 	cancelled, cancel := context.WithCancel(bg)
@@ -140,6 +140,68 @@ func TestMisuse(t *testing.T) {
 		{"Unlock invalid UTF-8 name", func(t *testing.T, s *dsync.Session, _ string) error {
 			return dsync.NewMutex(s, "\xff\xfe").Unlock(bg)
 		}, dsync.ErrInvalidName},
+		{"FairMutex Unlock never locked", func(t *testing.T, s *dsync.Session, name string) error {
+			return dsync.NewFairMutex(s, name).Unlock(bg)
+		}, dsync.ErrNotHeld},
+		{"RWMutex RUnlock never locked", func(t *testing.T, s *dsync.Session, name string) error {
+			return dsync.NewRWMutex(s, name).RUnlock(bg)
+		}, dsync.ErrNotHeld},
+		{"Mutex Lock of a name a FairMutex holds", func(t *testing.T, s *dsync.Session, name string) error {
+			f := dsync.NewFairMutex(s, name)
+			if err := f.Lock(bg); err != nil {
+				t.Fatal(err)
+			}
+			defer f.Unlock(bg)
+			return dsync.NewMutex(s, name).Lock(bg)
+		}, dsync.ErrOtherKind},
+		{"RWMutex Lock by the owner of a read lock", func(t *testing.T, s *dsync.Session, name string) error {
+			rw, owner := dsync.NewRWMutex(s, name), dsync.WithOwner(bg)
+			if err := rw.RLock(owner); err != nil {
+				t.Fatal(err)
+			}
+			defer rw.RUnlock(owner)
+			return rw.Lock(owner)
+		}, dsync.ErrLockUpgrade},
+		{"RWMutex RLock by the owner of the write lock", func(t *testing.T, s *dsync.Session, name string) error {
+			rw, owner := dsync.NewRWMutex(s, name), dsync.WithOwner(bg)
+			if err := rw.Lock(owner); err != nil {
+				t.Fatal(err)
+			}
+			defer rw.Unlock(owner)
+			return rw.RLock(owner)
+		}, dsync.ErrLockDowngrade},
+		{"LockTx nil tx", func(t *testing.T, s *dsync.Session, name string) error {
+			return dsync.NewMutex(s, name).LockTx(bg, nil)
+		}, dsync.ErrInvalidOption},
+		{"LockTx by the owner holding it through Lock", func(t *testing.T, s *dsync.Session, name string) error {
+			m, owner := dsync.NewMutex(s, name), dsync.WithOwner(bg)
+			mustLock(t, m, owner)
+			defer mustUnlock(t, m, owner)
+			return m.LockTx(owner, beginTx(t, dbtest.Open(t), sql.LevelDefault))
+		}, dsync.ErrDeadlock},
+		{"Unlock of a LockTx hold", func(t *testing.T, s *dsync.Session, name string) error {
+			m, tx := dsync.NewMutex(s, name), beginTx(t, dbtest.Open(t), sql.LevelDefault)
+			if err := m.LockTx(bg, tx); err != nil {
+				t.Fatal(err)
+			}
+			err := m.Unlock(bg)
+			if cerr := tx.Commit(); cerr != nil { // which ends the hold
+				t.Fatal(cerr)
+			}
+			return err
+		}, dsync.ErrNotOwner},
+		{"NewSession on tables of another schema version", func(t *testing.T, _ *dsync.Session, _ string) error {
+			db := dbtest.Open(t)
+			prefix := freshPrefix("misuse")
+			if err := sessionOn(t, db, dsync.WithTablePrefix(prefix)).Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec("UPDATE `"+prefix+"schema` SET version = ?", dsync.SchemaVersion+1); err != nil {
+				t.Fatal(err)
+			}
+			_, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(prefix))
+			return err
+		}, dsync.ErrSchemaVersion},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,6 +210,9 @@ func TestMisuse(t *testing.T) {
 			err := tt.f(t, s, name)
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("got %v; want %v", err, tt.want)
+			}
+			if n := strings.Count(err.Error(), "dsync:"); n != 1 {
+				t.Errorf("got %q (dsync: %d times); want dsync: once", err, n)
 			}
 			if id := heldBy(t, dbtest.Open(t), name); id == s.ID() {
 				t.Fatalf("row %q: got held by this session (%d); want not held", name, id)
@@ -199,6 +264,9 @@ func TestNewSessionBadOptions(t *testing.T) {
 			}
 			if !errors.Is(err, dsync.ErrInvalidOption) {
 				t.Fatalf("got %v; want ErrInvalidOption", err)
+			}
+			if n := strings.Count(err.Error(), "dsync:"); n != 1 {
+				t.Errorf("got %q (dsync: %d times); want dsync: once", err, n)
 			}
 		})
 	}

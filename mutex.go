@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // A Mutex is a mutual exclusion lock shared by every process whose
@@ -100,7 +102,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return false, fmt.Errorf("dsync: lock %q: %w", m.name, err)
+		return false, opErrorf(err, "lock %q", m.name)
 	}
 	owner := ownerOf(ctx)
 	l := m.s.locks.ref(m.name)
@@ -111,7 +113,7 @@ func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	fence, token, err := m.enterAcquire(ctx, c, l, wait)
 	if err != nil || fence == 0 {
 		if err != nil {
-			err = fmt.Errorf("dsync: lock %q: %w", m.name, err)
+			err = opErrorf(err, "lock %q", m.name)
 		}
 		return false, err
 	}
@@ -325,8 +327,9 @@ func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 // later hold. Pass a ctx without a deadline (context.Background()) to save
 // the driver the cost of watching it.
 //
-// It returns [ErrNotHeld] when this process does not hold the lock,
-// [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
+// It returns [ErrNotHeld] when this process does not hold the lock
+// (wrapped in [ErrReleasedByForce] when [ForceRelease] freed it while this
+// session held it), [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
 // [ErrSessionClosed] when the session has ended (the lock is then gone
 // anyway), ctx's error, or a database error; after either of the last two
 // the hold is over in this process and the session frees the row in the
@@ -342,7 +345,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.held && l.tx != nil {
 		l.mu.Unlock()
-		return fmt.Errorf("dsync: unlock %q: held by a transaction (LockTx) until it commits or rolls back: %w", m.name, ErrNotOwner)
+		return opErrorf(ErrNotOwner, "unlock %q: held by a transaction (LockTx) until it commits or rolls back", m.name)
 	}
 	token, err := l.drop(ownerOf(ctx))
 	l.mu.Unlock()
@@ -350,7 +353,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	case errors.Is(err, ErrNotHeld):
 		return m.notHeld()
 	case err != nil:
-		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+		return opErrorf(err, "unlock %q", m.name)
 	case token == 0:
 		return nil // holds of the owner remain
 	}
@@ -358,20 +361,20 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	defer l.leave() // after the row is free, so the next local holder finds it free
 
 	if err := m.s.Err(); err != nil {
-		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+		return opErrorf(err, "unlock %q", m.name)
 	}
 	freed, err := m.s.free(ctx, orphan{name: m.name, token: token})
 	switch {
 	case err != nil && m.s.Err() != nil:
-		return fmt.Errorf("dsync: unlock %q: %w", m.name, m.s.Err()) // the lock ends with the lease
+		return opErrorf(m.s.Err(), "unlock %q", m.name) // the lock ends with the lease
 	case err != nil:
 		m.s.addOrphan(orphan{name: m.name, token: token})
-		return fmt.Errorf("dsync: unlock %q (the session retries in the background): %w", m.name, err)
+		return opErrorf(err, "unlock %q (the session retries in the background)", m.name)
 	case !freed:
 		if serr := m.s.Err(); serr != nil {
-			return fmt.Errorf("dsync: unlock %q: %w", m.name, serr)
+			return opErrorf(serr, "unlock %q", m.name)
 		}
-		return fmt.Errorf("dsync: unlock %q: row taken over, the lease must have lapsed: %w", m.name, ErrNotHeld)
+		return opErrorf(m.s.whyNotHeld(ctx), "unlock %q", m.name)
 	}
 	return nil
 }
@@ -380,9 +383,28 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // session's end when it has ended, else ErrNotHeld.
 func (m *Mutex) notHeld() error {
 	if err := m.s.Err(); err != nil {
-		return fmt.Errorf("dsync: unlock %q: %w", m.name, err)
+		return opErrorf(err, "unlock %q", m.name)
 	}
-	return fmt.Errorf("dsync: unlock %q: %w", m.name, ErrNotHeld)
+	return opErrorf(ErrNotHeld, "unlock %q", m.name)
+}
+
+// whyNotHeld returns the error for a hold whose release found the lock row
+// no longer the session's, by asking whether the session's lease is live on
+// the server: then the row was released by force (ForceRelease), else taken
+// over after the lease lapsed there. When it cannot tell (ctx ended, the
+// database failed), it says both.
+func (s *Session) whyNotHeld(ctx context.Context) error {
+	var live bool
+	err := s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return s.store.query(ctx, c, sLeaseLive, []any{s.id}, &live)
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: released by force or taken over after the session's lease lapsed", ErrNotHeld)
+	case live:
+		return fmt.Errorf("%w (ForceRelease, or dsync release --force)", ErrReleasedByForce)
+	}
+	return fmt.Errorf("%w: taken over after the session's lease lapsed on the server", ErrNotHeld)
 }
 
 // unarmedPolls is how many times a Mutex waiter that finds the holder

@@ -57,7 +57,7 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 	if sp == nil {
 		var err error
 		if galera, err = isGalera(ctx, db); err != nil {
-			return nil, false, fmt.Errorf("dsync: ask the server about wsrep: %w", err)
+			return nil, false, err
 		}
 	}
 	pools.Lock()
@@ -97,17 +97,36 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 }
 
 // isGalera reports whether db is a Galera cluster node with replication on.
-// It runs one read on a connection of db's own pool.
+// It runs one read on a connection of db's own pool. It is the first thing
+// a new pool does on the server, so it opens the connection as a step of
+// its own: a wrong password, an unknown database, a refused port or a
+// server that does not answer is reported as such (see connectError), not
+// as a failed read.
 func isGalera(ctx context.Context, db *sql.DB) (bool, error) {
+	c, err := db.Conn(ctx)
+	if err != nil {
+		return false, connectError(err)
+	}
+	defer c.Close()
 	var name, value string
-	err := db.QueryRowContext(ctx, qWsrepOn).Scan(&name, &value)
+	err = c.QueryRowContext(ctx, qWsrepOn).Scan(&name, &value)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil // not MariaDB, or built without wsrep
 	case err != nil:
-		return false, err
+		return false, opErrorf(err, "read the server's wsrep_on (whether it is a Galera node)")
 	}
 	return strings.EqualFold(value, "ON"), nil
+}
+
+// connectError is the error of a connection to the database that could not
+// be opened (or set up): it names that step, and wraps the driver's error,
+// which says what failed (the address that refused or did not answer, the
+// user that was denied, the database that does not exist). A *sql.DB does
+// not tell its address or user, and the DSN may hold a password, so
+// nothing more is added.
+func connectError(err error) error {
+	return opErrorf(err, "connect to the database")
 }
 
 // releasePool drops a user of a shared pool, closing it after the last.

@@ -257,6 +257,14 @@ WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 	// is free from then on. Args: lease id.
 	qLeaseDelete = `DELETE FROM {lease} WHERE id = ?`
 
+	// qLeaseLive reads whether the session's lease is live on the server.
+	// Unlock asks it when the release found the lock row no longer the
+	// session's: a live lease was never taken over (a lease that ended
+	// stays ended, see qLeaseRenew, and no acquisition takes a live
+	// lease's row), so its row was freed by ForceRelease. Args: lease id.
+	// One row, 1 or 0.
+	qLeaseLive = `SELECT EXISTS (SELECT 1 FROM {lease} WHERE id = ? AND expires_at > UTC_TIMESTAMP(6))`
+
 	// qLeasePurge deletes leases that ended over an hour ago (crashed
 	// sessions), so the table does not grow without bound. A lock row naming
 	// a missing lease is free, exactly as one naming an ended lease.
@@ -427,20 +435,36 @@ ON DUPLICATE KEY UPDATE used_at = UTC_TIMESTAMP(6)`
 	// it, or tx's connection is in no transaction (tx ran a COMMIT or an
 	// implicitly committing statement, or was rolled back by a lock wait
 	// timeout): then the UPDATE would commit at once. @@in_transaction is
-	// MariaDB's; MySQL answers 1193 (unknown variable), and LockTx
-	// reports that it needs MariaDB.
-	qTxHold = `UPDATE {lock} SET holder = 0, token = -token WHERE name = ? AND holder = ? AND token = ? AND @@in_transaction = 1`
+	// MariaDB's (see qTxInTransaction); elsewhere LockTx runs
+	// qTxHoldAnyServer.
+	qTxHold = qTxHoldAnyServer + ` AND @@in_transaction = 1`
+
+	// qTxHoldAnyServer is qTxHold for a server without @@in_transaction
+	// (MySQL): it cannot refuse to run outside a transaction, where it
+	// commits at once, freeing the row with the hold's mark. LockTx then
+	// reads the committed row on a session connection (qTxHoldPending):
+	// still held by the session means the hand-over waits for tx's commit,
+	// so tx is in a transaction; anything else means it committed at once,
+	// and LockTx clears the mark (qTxHoldEnd) and reports no hold. Args and
+	// RowsAffected as qTxHold's.
+	qTxHoldAnyServer = `UPDATE {lock} SET holder = 0, token = -token WHERE name = ? AND holder = ? AND token = ?`
 
 	// qTxHeld reads, in the transaction, the lock row as the transaction
-	// sees it: whether it carries the hold's mark (see qTxHold), and
-	// whether the connection is in a transaction. A plain read: it locks
-	// nothing, so it never holds up anyone, whatever the row's state. The
-	// transaction's own write shows until it is rolled back (ROLLBACK TO a
-	// SAVEPOINT taken before the hold undoes it); the mark also shows when
-	// the hold's transaction committed and the connection has begun
-	// another one (then qTxHoldPending decides). Args: -token, fence, name.
-	// No row: no hold.
-	qTxHeld = `SELECT holder = 0 AND token = ? AND fence = ?, @@in_transaction FROM {lock} WHERE name = ?`
+	// sees it: whether it carries the hold's mark (see qTxHold). A plain
+	// read: it locks nothing, so it never holds up anyone, whatever the
+	// row's state. The transaction's own write shows until it is rolled
+	// back (ROLLBACK TO a SAVEPOINT taken before the hold undoes it); the
+	// mark also shows when the hold's transaction committed and the
+	// connection reads committed rows (no transaction, or another one):
+	// qTxHoldPending tells the two apart. Args: -token, fence, name. No
+	// row: no hold.
+	qTxHeld = `SELECT holder = 0 AND token = ? AND fence = ? FROM {lock} WHERE name = ?`
+
+	// qTxInTransaction tells, once per session on one of its own
+	// connections, whether the server has MariaDB's @@in_transaction
+	// (qTxHold). Error 1193: it has not (MySQL); LockTx runs
+	// qTxHoldAnyServer.
+	qTxInTransaction = `SELECT @@in_transaction`
 
 	// qTxRollbackOnTimeout reads, in the caller's transaction after a lock
 	// wait timeout, whether that timeout rolled back the whole transaction
@@ -1052,6 +1076,7 @@ const (
 	sLockKind
 	sQueueBind
 	sQueueBindNoWait
+	sLeaseLive
 	numStmts
 )
 
@@ -1138,6 +1163,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLockKind] = r.Replace(qLockKind)
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
+	q.prepared[sLeaseLive] = r.Replace(qLeaseLive)
 	return q
 }
 
@@ -1149,11 +1175,19 @@ type txQueries struct {
 	lock, lockNoWait, hold string
 	held                   string // qTxHeld
 	rollbackOnTimeout      bool   // as read when they were made (see qTxSession)
+	// anyServer: the server has no @@in_transaction, and hold is
+	// qTxHoldAnyServer, which LockTx follows with a read of the committed
+	// row (qTxHoldPending).
+	anyServer bool
 }
 
-func newTxQueries(database, prefix string) *txQueries {
+func newTxQueries(database, prefix string, anyServer bool) *txQueries {
 	db := "`" + strings.ReplaceAll(database, "`", "``") + "`."
 	r := strings.NewReplacer("{lock}", db+"`"+prefix+"lock`", "{txlock}", db+"`"+prefix+"txlock`")
-	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(qTxHold),
-		held: r.Replace(qTxHeld)}
+	hold := qTxHold
+	if anyServer {
+		hold = qTxHoldAnyServer
+	}
+	return &txQueries{lock: r.Replace(qTxLock), lockNoWait: r.Replace(qTxLockNoWait), hold: r.Replace(hold),
+		held: r.Replace(qTxHeld), anyServer: anyServer}
 }

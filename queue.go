@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -318,7 +317,7 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+		return opErrorf(err, "%s %q", op, q.name)
 	}
 	return nil
 }
@@ -341,7 +340,7 @@ func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
 	case owner != 0 && lq.rOwners[owner] > 0:
 		lq.mu.Unlock()
 		q.s.queues.unref(q.name)
-		return false, fmt.Errorf("dsync: lock %q: %w", q.name, ErrLockUpgrade)
+		return false, opErrorf(ErrLockUpgrade, "lock %q", q.name)
 	case !wait && (lq.held || len(lq.reads) > 0 || len(lq.line) > 0):
 		lq.mu.Unlock()
 		q.s.queues.unref(q.name)
@@ -397,7 +396,7 @@ func (q *queued) unlock(ctx context.Context) error {
 	case errors.Is(err, ErrNotHeld):
 		return q.notHeld("unlock")
 	case err != nil:
-		return fmt.Errorf("dsync: unlock %q: %w", q.name, err)
+		return opErrorf(err, "unlock %q", q.name)
 	case token == 0:
 		return nil // holds of the owner remain
 	}
@@ -408,7 +407,7 @@ func (q *queued) unlock(ctx context.Context) error {
 func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
 	if err := q.s.Err(); err != nil {
-		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+		return opErrorf(err, "%s %q", op, q.name)
 	}
 	// Remove the ticket, or free the head slot (ticket headSlot), which
 	// rings the doorbell when a waiter waits for it; if that fails (ctx
@@ -421,10 +420,10 @@ func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int6
 	}
 	lq.kickFront()
 	if err != nil && q.s.Err() != nil {
-		return fmt.Errorf("dsync: %s %q: %w", op, q.name, q.s.Err()) // the lock ends with the lease
+		return opErrorf(q.s.Err(), "%s %q", op, q.name) // the lock ends with the lease
 	}
 	if err != nil {
-		return fmt.Errorf("dsync: %s %q (the session retries in the background): %w", op, q.name, err)
+		return opErrorf(err, "%s %q (the session retries in the background)", op, q.name)
 	}
 	return nil
 }
@@ -445,16 +444,16 @@ func (q *queued) fence() int64 {
 
 func (q *queued) notHeld(op string) error {
 	if err := q.s.Err(); err != nil {
-		return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+		return opErrorf(err, "%s %q", op, q.name)
 	}
-	return fmt.Errorf("dsync: %s %q: %w", op, q.name, ErrNotHeld)
+	return opErrorf(ErrNotHeld, "%s %q", op, q.name)
 }
 
 func (q *queued) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("dsync: %s %q: %w", op, q.name, err)
+	return opErrorf(err, "%s %q", op, q.name)
 }
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to

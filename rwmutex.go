@@ -2,7 +2,6 @@ package dsync
 
 import (
 	"context"
-	"fmt"
 	"math"
 )
 
@@ -103,7 +102,7 @@ func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
 	lq.mu.Unlock()
 	if writing {
 		q.s.queues.unref(q.name)
-		return false, fmt.Errorf("dsync: rlock %q: %w", q.name, ErrLockDowngrade)
+		return false, opErrorf(ErrLockDowngrade, "rlock %q", q.name)
 	}
 	joined, err := q.joinRead(ctx, lq, owner)
 	if err != nil || joined {
@@ -192,7 +191,7 @@ func (q *queued) runlock(ctx context.Context) error {
 		q.countReader(lq, 0, -1)
 	case len(lq.rOwners) > 0:
 		lq.mu.Unlock()
-		return fmt.Errorf("dsync: runlock %q: %w", q.name, ErrNotOwner)
+		return opErrorf(ErrNotOwner, "runlock %q", q.name)
 	default:
 		lq.mu.Unlock()
 		return q.notHeld("runlock")

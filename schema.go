@@ -15,11 +15,12 @@ import (
 // the version recorded) before the others, so tables without it are of a
 // dsync older than the version record. A version already recorded is
 // checked before any DDL, so that tables of another version are left as
-// they are (no table of this version is added beside them).
+// they are (no table of this version is added beside them). Its errors
+// name the step that failed.
 func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 	present, err := tablesPresent(ctx, c, q)
 	if err != nil {
-		return err
+		return opErrorf(err, "look for the tables of prefix %q", strings.TrimSuffix(q.tables[0], "schema"))
 	}
 	schema := q.tables[0]
 	if !present[schema] && len(present) > 0 {
@@ -42,7 +43,7 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 			// Created by a session that has not recorded the version
 			// yet; checked again below.
 		case err != nil:
-			return err
+			return opErrorf(err, "check the schema version in %s", schema)
 		case version != schemaVersion:
 			return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
 				ErrSchemaVersion, schema, version, schemaVersion)
@@ -53,11 +54,11 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 			continue
 		}
 		if _, err := c.ExecContext(ctx, q.creates[i]); err != nil {
-			return err
+			return opErrorf(err, "create table %s", table)
 		}
 		if i == 0 {
 			if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
-				return err
+				return opErrorf(err, "record the schema version in %s", schema)
 			}
 		}
 	}
@@ -66,13 +67,13 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		// Created by a session that has not recorded the version yet.
 		if _, err := c.ExecContext(ctx, q.record, schemaVersion); err != nil {
-			return err
+			return opErrorf(err, "record the schema version in %s", schema)
 		}
 		err = c.QueryRowContext(ctx, q.version).Scan(&version)
 	}
 	switch {
 	case err != nil:
-		return err
+		return opErrorf(err, "check the schema version in %s", schema)
 	case version != schemaVersion:
 		return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
 			ErrSchemaVersion, schema, version, schemaVersion)

@@ -82,7 +82,11 @@ type Session struct {
 
 // NewSession creates the tables if they are missing (safe when many
 // processes start at once), inserts a lease row for the session and starts
-// renewing it. ctx bounds only this setup. On error nothing is left running.
+// renewing it. ctx bounds only this setup. On error nothing is left running;
+// the error names the step that failed (connect to the database, look for
+// or create the tables, check the schema version, create the lease) and
+// wraps the driver's error (go-sql-driver's *mysql.MySQLError: 1045, access
+// denied, or 1049, unknown database; a dial error; ctx's error).
 // It returns an error wrapping [ErrInvalidOption] for a bad option, a nil
 // db, or a db whose connection limit leaves the caller nothing (see
 // [Session]).
@@ -253,7 +257,7 @@ func (s *Session) Close() error {
 	// once: a holder whose lease row is gone holds nothing. It runs where
 	// renewals did, on a connection that is open.
 	if _, err := s.store.execConn(ctx, true, sLeaseDelete, maxRetries, s.id); err != nil {
-		return fmt.Errorf("dsync: close session %d (its lease ends on the server within %v): %w", s.id, s.opts.ttl, err)
+		return opErrorf(err, "close session %d (its lease ends on the server within %v)", s.id, s.opts.ttl)
 	}
 	// Then tidy what the session knows it held, so the next acquisition of
 	// those names takes the cheap path; best effort, nothing depends on it.

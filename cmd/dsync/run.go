@@ -218,17 +218,16 @@ func (c *runConfig) run() int {
 	code, lost := c.runCommand(r, db, s, l)
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	// TODO(issue 18): once the library's sentinel for an Unlock after a
-	// forced release is in, tell that case by it.
 	switch err := l.unlock(ctx); {
 	case err == nil || lost:
 	case errors.Is(err, dsync.ErrNotHeld):
-		// Freed by dsync release --force (the one way a live session's
-		// hold ends without it) before the look of watchHold saw it: the
-		// command ran its last moments, at least, without the lock, and
-		// another may have held it meanwhile. A lost hold, as a lost lease.
+		// Freed by dsync release --force (ErrReleasedByForce) before
+		// watchHold saw it, or taken over after the lease lapsed
+		// unnoticed: the command ran its last moments, at least, without
+		// the lock, and another may have held it meanwhile. A lost hold,
+		// as a lost lease.
 		why := "was released by force (dsync release --force)"
-		if c.kind != kindMutex || s.Err() != nil {
+		if !errors.Is(err, dsync.ErrReleasedByForce) {
 			why = fmt.Sprintf("was not held any more (%s)", errText(err.Error()))
 		}
 		fmt.Fprintf(stderr, "dsync: lock %q %s while %s ran (it exited %d): the hold was lost, exit %d\n",
