@@ -246,8 +246,8 @@ func showCreate(t *testing.T, db *sql.DB, table string) string {
 
 // TestReleaseForce frees a lock held by a running dsync run: another run
 // gets it at once with a greater fence while the first command still runs,
-// the first dsync reports at its end that the lock was no longer its own,
-// and releasing a free lock exits 1.
+// the first dsync reports at its end that the lock was released by force
+// and exits 70, and releasing a free lock exits 1.
 func TestReleaseForce(t *testing.T) {
 	name := lockName(t)
 	stuck := startHolding(t, "--label", "stuck-holder", name)
@@ -269,9 +269,12 @@ func TestReleaseForce(t *testing.T) {
 	if _, err := fmt.Sscan(waitFile(t, fence), &next); err != nil || next <= stuck.fence {
 		t.Errorf("fence after release --force: got %d (%v); want > %d, the stuck holder's", next, err, stuck.fence)
 	}
-	end := stuck.stop(t)
-	if !strings.Contains(end.stderr, "not held") {
-		t.Errorf("the stuck dsync's stderr: got %q; want it to report that it no longer held the lock", end.stderr)
+	if err := os.WriteFile(stuck.stopFile, []byte("stop"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A lost hold (see TestForcedReleaseIsLostHold).
+	if end := stuck.p.wait(t); end.code != exitLeaseLost || !strings.Contains(end.stderr, "released by force") {
+		t.Errorf("the stuck dsync: got status %d, stderr %q; want %d and a report that the lock was released by force", end.code, end.stderr, exitLeaseLost)
 	}
 	if r := runDsync(t, "release", "--force", name); r.code != exitFailure {
 		t.Errorf("dsync release --force of a free lock: exit status %d; want %d (stderr %q)", r.code, exitFailure, r.stderr)

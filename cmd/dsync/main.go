@@ -5,6 +5,7 @@
 //	dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
 //	dsync schema [--prefix P]                    the CREATE TABLE statements
 //	dsync release --force [--dsn DSN] [--prefix P] NAME   free a Mutex held by a live session
+//	dsync --version                              the version of the dsync module
 //
 // Install it with
 //
@@ -23,7 +24,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"os"
+	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -57,13 +61,18 @@ const envDSN = "DSYNC_DSN"
 // release the whole command.
 const defaultConnectTimeout = 10 * time.Second
 
-const usage = `usage:
-  dsync run [flags] NAME -- COMMAND [ARG...]   run COMMAND while holding the lock NAME
+// The usage, per command; dsync --help prints them all.
+const (
+	runUsage = `dsync run [flags] NAME -- COMMAND [ARG...]   run COMMAND while holding the lock NAME
       --dsn DSN        database (default: $DSYNC_DSN; go-sql-driver DSN syntax)
       --ttl D          lease TTL (default 15s)
       --prefix P       table prefix (default dsync_)
-      --wait D         give up after waiting D (default: wait forever)
-      -n, --nonblock   fail at once if the lock is taken
+  -w, --wait D         give up after waiting D: seconds (5, 0.5) or a duration
+                       (5s, 1m); default: wait forever; --wait 0 is --nonblock
+  -n, --nonblock       fail at once if the lock is taken
+  -E, --conflict-exit-code N
+                       exit status when the lock is not obtained (default 75)
+  -q, --quiet          no "waiting for NAME" line on stderr
       --fair | --read | --write
                        FairMutex; RWMutex read side; RWMutex write side (default: Mutex)
       --grace D        when renewals fail and the lease ends in D: SIGTERM to the
@@ -73,20 +82,33 @@ const usage = `usage:
       --label L        holder label (default host:pid)
       --connect-timeout D
                        give up connecting after D (default 10s)
-  dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
-  dsync schema [--prefix P]                    the CREATE TABLE statements
-  dsync release --force [--dsn DSN] [--prefix P] NAME
-                                               free a Mutex held by a live session
-ls and release also take --connect-timeout D, which bounds the whole command.
-run holds the lock until COMMAND has exited and, on Linux, every process it
-left in its process group has ended (processes that left the group, with
-setsid or as daemons, are not waited for); meanwhile signals to dsync, and
-the terminal's keys, go to the group.
-Exit status of run: the command's; 128+N when it died of signal N; 75 lock not
-obtained; 78 the name is used by another kind of lock (--fair, --read and
---write against none of them); 70 lease lost or at risk while the command ran
-(dsync stopped it); 69 database unusable; 64 usage.
+  run holds the lock until COMMAND has exited and, on Linux, every process it
+  left in its process group has ended (processes that left the group, with
+  setsid or as daemons, are not waited for); meanwhile signals to dsync, and
+  the terminal's keys, go to the group. While it waits, it says once on
+  stderr for which lock and who holds it (-q: not).
+  Exit status: the command's; 128+N when it died of signal N; 75 (or -E's)
+  lock not obtained; 78 the name is used by another kind of lock (--fair,
+  --read and --write against none of them); 70 the hold was lost while the
+  command ran: the lease lost or at risk, or the Mutex released by force
+  (dsync release --force, seen within about TTL/3): dsync stopped the
+  command (unless it had ended); 69 database unusable; 64 usage.
 `
+	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
+      --connect-timeout D   give up after D (default 10s)
+`
+	schemaUsage = `dsync schema [--prefix P]                    the CREATE TABLE statements
+`
+	releaseUsage = `dsync release --force [--dsn DSN] [--prefix P] NAME
+                                             free a Mutex held by a live session
+      --connect-timeout D   give up after D (default 10s)
+`
+	usage = "usage:\n" + runUsage + lsUsage + schemaUsage + releaseUsage +
+		"dsync --version                              the version of the dsync module\n"
+)
+
+// usages maps each command to its usage.
+var usages = map[string]string{"run": runUsage, "ls": lsUsage, "schema": schemaUsage, "release": releaseUsage}
 
 var (
 	stdout io.Writer = os.Stdout
@@ -97,10 +119,17 @@ func main() {
 	os.Exit(dsyncMain(os.Args[1:]))
 }
 
+// command is the command of the command line (run, ls, schema,
+// release), or "" before it is known: usage errors name it.
+var command string
+
 // dsyncMain runs the command line args and returns the exit status.
 func dsyncMain(args []string) int {
 	if len(args) == 0 {
 		return usageError("no command")
+	}
+	if _, ok := usages[args[0]]; ok {
+		command = args[0]
 	}
 	switch args[0] {
 	case "run":
@@ -114,36 +143,117 @@ func dsyncMain(args []string) int {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, "dsync", version())
+		return exitOK
 	}
 	return usageError(fmt.Sprintf("unknown command %q", args[0]))
 }
 
-// usageError prints msg and the usage on stderr and returns exitUsage.
+// version returns the version of the dsync module the binary was built
+// from: its module version when installed with go install ...@version,
+// else "(devel)" and the revision and time of the checkout it was built in
+// (with "+dirty" when that had changes), as far as the build recorded them.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	return versionOf(info)
+}
+
+// versionOf returns the version of the build that info describes.
+func versionOf(info *debug.BuildInfo) string {
+	v := info.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	if v != "(devel)" {
+		return v
+	}
+	var rev, at, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev != "" {
+		v += " " + rev + dirty
+		if at != "" {
+			v += " " + at
+		}
+	}
+	return v
+}
+
+// usageError prints msg on stderr, in one line with where to find the
+// usage, and returns exitUsage.
 func usageError(msg string) int {
-	fmt.Fprintf(stderr, "dsync: %s\n%s", msg, usage)
+	msg = errText(msg)
+	if command == "" {
+		fmt.Fprintf(stderr, "dsync: %s (see 'dsync --help')\n", msg)
+		return exitUsage
+	}
+	msg = strings.TrimPrefix(msg, command+": ")
+	fmt.Fprintf(stderr, "dsync %s: %s (see 'dsync %s --help')\n", command, msg, command)
 	return exitUsage
+}
+
+// errText returns the text of an error (or message) for dsync's stderr
+// lines, which start with "dsync: " themselves: without the "dsync: " of
+// the library's errors, at its start and after each ": " (outside double
+// quotes, where a lock name may say anything), so that no line repeats
+// the prefix.
+func errText(text string) string {
+	const prefix = "dsync: "
+	var b strings.Builder
+	quoted, escaped := false, false
+	for i := 0; i < len(text); i++ {
+		if !quoted && strings.HasPrefix(text[i:], prefix) && (i == 0 || strings.HasSuffix(text[:i], ": ")) {
+			i += len(prefix) - 1
+			continue
+		}
+		c := text[i]
+		switch {
+		case escaped:
+			escaped = false
+		case quoted && c == '\\':
+			escaped = true
+		case c == '"':
+			quoted = !quoted
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // newFlags returns an empty flag set for command; parse errors and -h are
 // reported by parseFlags.
 func newFlags(command string) *flag.FlagSet {
-	fs := flag.NewFlagSet("dsync "+command, flag.ContinueOnError)
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return fs
 }
 
 // parseFlags parses args into fs. It returns -1 when the command goes on,
-// else the exit status: 0 after -h (usage on stdout), exitUsage after a
-// bad flag.
+// else the exit status: 0 after -h (the command's usage on stdout),
+// exitUsage after a bad flag.
 func parseFlags(fs *flag.FlagSet, args []string) int {
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, "usage:\n"+usages[fs.Name()])
 		return exitOK
 	case err != nil:
-		return usageError(fmt.Sprintf("%s: %v", fs.Name(), err))
+		return usageError(err.Error())
 	}
 	return -1
 }
@@ -179,6 +289,12 @@ func openDB(dsn string) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bad DSN: %w", err)
 	}
+	// The driver logs some errors on stderr itself, as "[mysql] ...":
+	// "closing bad idle connection: EOF" when the server closed an idle
+	// connection, before database/sql retries on another one, for one.
+	// It returns the errors it does not recover from, and dsync's own
+	// messages say what matters: drop its log.
+	cfg.Logger = log.New(io.Discard, "", 0)
 	c, err := mysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("bad DSN: %w", err)
@@ -189,7 +305,7 @@ func openDB(dsn string) (*sql.DB, error) {
 // unavailable reports err as the database being unusable and returns
 // exitUnavailable.
 func unavailable(err error) int {
-	fmt.Fprintf(stderr, "dsync: database unusable: %v\n", err)
+	fmt.Fprintf(stderr, "dsync: database unusable: %s\n", errText(err.Error()))
 	return exitUnavailable
 }
 

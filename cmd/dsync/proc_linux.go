@@ -56,13 +56,6 @@ func foreground() bool {
 	return int(pgrp) == syscall.Getpgrp()
 }
 
-// isTerminal reports whether f is a terminal.
-func isTerminal(f *os.File) bool {
-	var t syscall.Termios
-	_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TCGETS, uintptr(unsafe.Pointer(&t)))
-	return e == 0
-}
-
 // afterStart is called once the command was started with the terminal:
 // dsync, now in the background, ignores SIGTTOU, so that neither its
 // messages on the terminal nor taking the terminal back stop it. (Not

@@ -17,8 +17,6 @@ func childAttr(fg bool) *syscall.SysProcAttr { return nil }
 
 func foreground() bool { return false }
 
-func isTerminal(f *os.File) bool { return false }
-
 func afterStart() {}
 
 func takeTerminalBack() {}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -45,6 +46,8 @@ type runConfig struct {
 	ttl      time.Duration
 	wait     time.Duration // 0: wait for ever (unless nonblock)
 	nonblock bool          // -n, --nonblock, or --wait 0
+	conflict int           // exit status when the lock is not obtained (-E)
+	quiet    bool          // no "waiting for" line (-q)
 	kind     string        // kindMutex, kindFair, kindRead or kindWrite
 	grace    time.Duration
 	label    string
@@ -70,9 +73,14 @@ func parseRun(args []string) (*runConfig, int) {
 	fs := newFlags("run")
 	c.register(fs)
 	fs.DurationVar(&c.ttl, "ttl", dsync.DefaultTTL, "")
-	fs.DurationVar(&c.wait, "wait", 0, "")
+	fs.Var((*seconds)(&c.wait), "wait", "")
+	fs.Var((*seconds)(&c.wait), "w", "")
 	fs.BoolVar(&c.nonblock, "nonblock", false, "")
 	fs.BoolVar(&c.nonblock, "n", false, "")
+	fs.IntVar(&c.conflict, "conflict-exit-code", exitNotObtained, "")
+	fs.IntVar(&c.conflict, "E", exitNotObtained, "")
+	fs.BoolVar(&c.quiet, "quiet", false, "")
+	fs.BoolVar(&c.quiet, "q", false, "")
 	fair := fs.Bool("fair", false, "")
 	read := fs.Bool("read", false, "")
 	write := fs.Bool("write", false, "")
@@ -84,7 +92,7 @@ func parseRun(args []string) (*runConfig, int) {
 	waitSet, graceSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "wait":
+		case "wait", "w":
 			waitSet = true
 		case "grace":
 			graceSet = true
@@ -110,8 +118,8 @@ func parseRun(args []string) (*runConfig, int) {
 		return nil, usageError("run: --fair, --read and --write exclude each other")
 	case waitSet && c.nonblock:
 		return nil, usageError("run: --wait and --nonblock exclude each other")
-	case c.wait < 0:
-		return nil, usageError("run: --wait must not be negative")
+	case c.conflict < 0 || c.conflict > 255:
+		return nil, usageError(fmt.Sprintf("run: --conflict-exit-code %d is not an exit status (0 to 255)", c.conflict))
 	case c.grace < 0:
 		return nil, usageError("run: --grace must not be negative")
 	case graceSet && c.ttl > 0 && c.grace > graceBound(c.ttl):
@@ -138,6 +146,28 @@ func parseRun(args []string) (*runConfig, int) {
 		return nil, usageError(msg)
 	}
 	return c, -1
+}
+
+// seconds is the flag.Value of --wait: a duration (5s, 1m30s), or a
+// number of seconds as flock(1)'s -w takes it (5, 0.5); not negative.
+type seconds time.Duration
+
+func (d *seconds) String() string { return time.Duration(*d).String() }
+
+func (d *seconds) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		f, ferr := strconv.ParseFloat(s, 64)
+		if ferr != nil || math.IsNaN(f) || math.IsInf(f, 0) || f*float64(time.Second) >= math.MaxInt64 {
+			return fmt.Errorf("%q is neither a duration (5s, 1m) nor a number of seconds (5, 0.5)", s)
+		}
+		v = time.Duration(f * float64(time.Second))
+	}
+	if v < 0 || strings.HasPrefix(s, "-") {
+		return fmt.Errorf("%q is negative", s)
+	}
+	*d = seconds(v)
+	return nil
 }
 
 // options returns the session options of the flags.
@@ -177,7 +207,7 @@ func (c *runConfig) run() int {
 	}
 	defer func() {
 		if err := s.Close(); err != nil {
-			fmt.Fprintf(stderr, "dsync: %v\n", err)
+			fmt.Fprintf(stderr, "dsync: %s\n", errText(err.Error()))
 		}
 	}()
 
@@ -185,17 +215,26 @@ func (c *runConfig) run() int {
 	if code := c.acquire(r, db, l); code >= 0 {
 		return code
 	}
-	code, lost := c.runCommand(r, s, l)
+	code, lost := c.runCommand(r, db, s, l)
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	switch err := l.unlock(ctx); {
 	case err == nil || lost:
 	case errors.Is(err, dsync.ErrNotHeld):
-		// Freed by dsync release --force, or taken over after the lease
-		// lapsed unnoticed: the command may have shared the lock.
-		fmt.Fprintf(stderr, "dsync: lock %q was not held any more when %s ended: %v\n", c.name, c.argv[0], err)
+		// Freed by dsync release --force (ErrReleasedByForce) before
+		// watchHold saw it, or taken over after the lease lapsed
+		// unnoticed: the command ran its last moments, at least, without
+		// the lock, and another may have held it meanwhile. A lost hold,
+		// as a lost lease.
+		why := "was released by force (dsync release --force)"
+		if !errors.Is(err, dsync.ErrReleasedByForce) {
+			why = fmt.Sprintf("was not held any more (%s)", errText(err.Error()))
+		}
+		fmt.Fprintf(stderr, "dsync: lock %q %s while %s ran (it exited %d): the hold was lost, exit %d\n",
+			c.name, why, c.argv[0], code, exitLeaseLost)
+		return exitLeaseLost
 	default:
-		fmt.Fprintf(stderr, "dsync: %v (the lock is freed as the session closes)\n", err)
+		fmt.Fprintf(stderr, "dsync: %s (the lock is freed as the session closes)\n", errText(err.Error()))
 	}
 	return code
 }
@@ -205,7 +244,7 @@ func (c *runConfig) run() int {
 func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 	ok, err := l.try(r.ctx)
 	if err == nil && !ok && !c.nonblock {
-		if isTerminal(os.Stderr) {
+		if !c.quiet {
 			c.sayWaiting(r.ctx, db, l)
 		}
 		ctx := r.ctx
@@ -232,14 +271,14 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 		return -1
 	case err == nil:
 		fmt.Fprintf(stderr, "dsync: lock %q not obtained: it is taken (--nonblock)\n", c.name)
-		return exitNotObtained
+		return c.conflict
 	case errors.Is(err, context.DeadlineExceeded):
 		fmt.Fprintf(stderr, "dsync: lock %q not obtained within --wait %v\n", c.name, c.wait)
-		return exitNotObtained
+		return c.conflict
 	case errors.Is(err, dsync.ErrOtherKind):
 		// At once, whatever --wait says: the name stays bound to the other
 		// kind while its rows exist, so waiting would not end.
-		fmt.Fprintf(stderr, "%v; the command did not run (dsync run takes a Mutex, and with --fair, --read or --write the queued lock of the name)\n", err)
+		fmt.Fprintf(stderr, "dsync: %s; the command did not run (dsync run takes a Mutex, and with --fair, --read or --write the queued lock of the name)\n", errText(err.Error()))
 		return exitOtherKind
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())
@@ -271,10 +310,10 @@ func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
 }
 
 // runCommand runs the command while the lock is held and returns its exit
-// status, and whether the lease was lost meanwhile (the status is then
-// exitLeaseLost). It returns once the command's process group is empty
-// (see watchCommand).
-func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, lost bool) {
+// status, and whether the hold was lost meanwhile, with the lease or by a
+// forced release (the status is then exitLeaseLost). It returns once the
+// command's process group is empty (see watchCommand).
+func (c *runConfig) runCommand(r *relay, db *sql.DB, s *dsync.Session, l *lock) (code int, lost bool) {
 	cmd := exec.Command(c.argv[0], c.argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
@@ -293,10 +332,10 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 	}
 	switch {
 	case err != nil && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist)):
-		fmt.Fprintf(stderr, "dsync: %v\n", err)
+		fmt.Fprintf(stderr, "dsync: %s\n", errText(err.Error()))
 		return exitNotFound, false
 	case err != nil:
-		fmt.Fprintf(stderr, "dsync: %v\n", err)
+		fmt.Fprintf(stderr, "dsync: %s\n", errText(err.Error()))
 		return exitCannotRun, false
 	case !started:
 		sig, _ := r.received()
@@ -307,7 +346,10 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 	waited := make(chan int, 1)
 	leaseHolds := func() bool { return s.Err() == nil && time.Until(s.Deadline()) > c.grace }
 	go func() { waited <- waitChild(cmd, fg, leaseHolds) }()
-	code, lost = c.watchCommand(s, pid, fg, waited)
+	watching, stopWatching := context.WithCancel(context.Background())
+	released := c.watchHold(watching, db, s, l)
+	code, lost = c.watchCommand(s, pid, fg, waited, released)
+	stopWatching()
 	r.exited()
 	if !lost && errors.Is(s.Err(), dsync.ErrSessionExpired) {
 		// Lost as the command ended (the keep-alive had not noticed yet):
@@ -332,9 +374,10 @@ func (c *runConfig) runCommand(r *relay, s *dsync.Session, l *lock) (code int, l
 // reaped as they end. With the terminal (fg), dsync takes it back when
 // the command ends, as a shell does, so that Ctrl-C reaches dsync and is
 // relayed to the group. When the lease is at risk first (its deadline is
-// --grace away, no renewal having moved it) or lost, it stops the group
-// (see stopCommand) and returns exitLeaseLost and true.
-func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-chan int) (code int, stopped bool) {
+// --grace away, no renewal having moved it) or lost, or when released
+// closes (the lock was released by force), it stops the group (see
+// stopCommand) and returns exitLeaseLost and true.
+func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-chan int, released <-chan struct{}) (code int, stopped bool) {
 	exits, stop := notifyChildExits()
 	defer stop()
 	var poll <-chan time.Time // ticks once the command has been reaped
@@ -373,12 +416,70 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 			}
 		case <-s.Done():
 			t.Stop()
-			return c.stopCommand(s, pid, waited), true
+			return c.stopCommand(s, pid, waited, false), true
+		case <-released:
+			t.Stop()
+			return c.stopCommand(s, pid, waited, true), true
 		case <-t.C:
 		}
 		t.Stop()
 	}
-	return c.stopCommand(s, pid, waited), true
+	return c.stopCommand(s, pid, waited, false), true
+}
+
+// watchHold returns a channel that is closed when the Mutex l, held by s,
+// was released by force (dsync release --force, which does not tell the
+// holder), as looks at the tables every TTL/3 (the pace of the lease's
+// renewals), until ctx ends, find out while s is live: at once when
+// another session holds the name with a greater fence, or when two looks
+// in a row find no hold of s. (Not one: on a Galera node, or a replica,
+// that has not yet applied the acquisition, a look misses a hold that is
+// there; one that shows a later hold has applied the release.) A look that
+// fails counts for nothing: the lease's renewals judge the database. The
+// channel of the queued kinds, which release --force does not free, is nil.
+func (c *runConfig) watchHold(ctx context.Context, db *sql.DB, s *dsync.Session, l *lock) <-chan struct{} {
+	if c.kind != kindMutex {
+		return nil
+	}
+	released := make(chan struct{})
+	fence := l.fence()
+	every := s.TTL() / 3
+	go func() {
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		misses := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			look, cancel := context.WithTimeout(ctx, every)
+			holders, err := dsync.LockHolders(look, db, c.prefix, c.name)
+			cancel()
+			if err != nil || s.Err() != nil {
+				// s.Err() after the look: the look saw a live lease of s.
+				continue
+			}
+			held, later := false, false
+			for _, h := range holders {
+				if h.Kind != dsync.KindMutex {
+					continue
+				}
+				held = held || h.Session == s.ID() && h.Fence == fence
+				later = later || h.Fence > fence
+			}
+			if held {
+				misses = 0
+				continue
+			}
+			if misses++; later || misses >= 2 {
+				close(released)
+				return
+			}
+		}
+	}()
+	return released
 }
 
 // groupPoll is how often watchCommand looks whether the command's process
@@ -387,21 +488,23 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 const groupPoll = 100 * time.Millisecond
 
 // stopCommand ends the command's process group, whose lease is at risk or
-// lost (waited is nil when the command itself has already been reaped):
-// SIGTERM now, and SIGKILL --grace later, but no later than the lease's
-// deadline or the end of the session (at once when that has come).
+// lost, or whose lock was released by force (forced) (waited is nil when
+// the command itself has already been reaped): SIGTERM now, and SIGKILL
+// --grace later, but no later than the lease's deadline or the end of the
+// session (at once when that has come).
 // It returns once the command has been reaped and its group is empty,
 // which SIGKILL at the deadline leaves TTL/5 for: the server keeps the
 // lease at least that much longer, so nobody else can hold the lock yet.
 // A process that SIGKILL cannot end in that time (stuck in the kernel) is
 // reported and left behind: stopCommand returns then anyway. The status
 // is always exitLeaseLost.
-func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) int {
+func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, forced bool) int {
 	start := time.Now()
 	killAt := start.Add(c.grace)
 	if d := s.Deadline(); d.Before(killAt) {
 		killAt = d
 	}
+	byForce := fmt.Sprintf("lock %q released by force (dsync release --force) while %s ran", c.name, c.argv[0])
 	killed := false
 	kill := func(why string) {
 		fmt.Fprintf(stderr, "dsync: %s: sending %s SIGKILL\n", why, c.argv[0])
@@ -412,6 +515,16 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) in
 	case <-s.Done():
 		kill(fmt.Sprintf("lease of lock %q lost while %s ran", c.name, c.argv[0]))
 	default:
+		if forced && !start.Before(killAt) {
+			kill(byForce)
+			break
+		}
+		if forced {
+			fmt.Fprintf(stderr, "dsync: %s: sending %s SIGTERM, and SIGKILL in %v\n", byForce, c.argv[0], killAt.Sub(start).Round(time.Millisecond))
+			signalChild(pid, syscall.SIGTERM)
+			continueChild(pid)
+			break
+		}
 		if !start.Before(killAt) {
 			kill(fmt.Sprintf("lease of lock %q lost now (renewals failed)", c.name))
 			break
@@ -440,10 +553,20 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int) in
 		now := time.Now()
 		if !killed && !now.Before(killAt) {
 			done = nil
-			kill(fmt.Sprintf("%s or its process group still runs %v after SIGTERM, as the lease of lock %q ends",
-				c.argv[0], now.Sub(start).Round(time.Millisecond), c.name))
+			as := fmt.Sprintf("as the lease of lock %q ends", c.name)
+			if forced {
+				as = "--grace " + c.grace.String()
+			}
+			kill(fmt.Sprintf("%s or its process group still runs %v after SIGTERM, %s",
+				c.argv[0], now.Sub(start).Round(time.Millisecond), as))
 		}
-		if giveUp := s.Deadline().Add(s.TTL() / 5); !now.Before(giveUp) {
+		giveUp := s.Deadline().Add(s.TTL() / 5)
+		if forced && killAt.Add(s.TTL()/5).Before(giveUp) {
+			// The lease is healthy and its deadline moves on: give up as
+			// if it ended at killAt.
+			giveUp = killAt.Add(s.TTL() / 5)
+		}
+		if !now.Before(giveUp) {
 			fmt.Fprintf(stderr, "dsync: processes of %s (process group %d) still exist after SIGKILL, and the lock may pass to another holder now\n", c.argv[0], pid)
 			return exitLeaseLost
 		}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,8 +46,9 @@ func TestExitStatusCommandSignalled(t *testing.T) {
 	}
 }
 
-// TestExitStatusNotObtained: 75 when the lock is taken and dsync may not
-// wait (--nonblock, -n, --wait 0) or --wait elapses; the command never
+// TestExitStatusNotObtained: 75 (or -E's status) when the lock is taken
+// and dsync may not wait (--nonblock, -n, --wait 0) or --wait elapses
+// (a duration, or seconds as flock's -w takes them); the command never
 // runs.
 func TestExitStatusNotObtained(t *testing.T) {
 	bg := context.Background()
@@ -62,16 +65,20 @@ func TestExitStatusNotObtained(t *testing.T) {
 		flags    []string
 		atLeast  time.Duration // the run took at least this long
 		response string        // in stderr
+		code     int           // the exit status, when not exitNotObtained
 	}{
-		{"nonblock", []string{"--nonblock"}, 0, "taken"},
-		{"n", []string{"-n"}, 0, "taken"},
-		{"wait 0", []string{"--wait", "0"}, 0, "taken"},
-		{"wait", []string{"--wait", "300ms"}, 300 * time.Millisecond, "within --wait 300ms"},
-		{"fair nonblock", []string{"--fair", "-n"}, 0, "taken"},
-		{"fair wait", []string{"--fair", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
-		{"read nonblock", []string{"--read", "-n"}, 0, "taken"},
-		{"read wait", []string{"--read", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
-		{"write wait", []string{"--write", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait"},
+		{"nonblock", []string{"--nonblock"}, 0, "taken", 0},
+		{"n", []string{"-n"}, 0, "taken", 0},
+		{"wait 0", []string{"--wait", "0"}, 0, "taken", 0},
+		{"wait", []string{"--wait", "300ms"}, 300 * time.Millisecond, "within --wait 300ms", 0},
+		{"w seconds", []string{"-w", "0.3"}, 300 * time.Millisecond, "within --wait 300ms", 0},
+		{"E", []string{"-n", "-E", "3"}, 0, "taken", 3},
+		{"conflict-exit-code", []string{"--conflict-exit-code", "0", "-w", "0.1"}, 100 * time.Millisecond, "within --wait", exitOK},
+		{"fair nonblock", []string{"--fair", "-n"}, 0, "taken", 0},
+		{"fair wait", []string{"--fair", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait", 0},
+		{"read nonblock", []string{"--read", "-n"}, 0, "taken", 0},
+		{"read wait", []string{"--read", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait", 0},
+		{"write wait", []string{"--write", "--wait", "300ms"}, 300 * time.Millisecond, "within --wait", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,8 +88,12 @@ func TestExitStatusNotObtained(t *testing.T) {
 				name = qname
 			}
 			r := runDsync(t, args([]string{"run"}, tt.flags, []string{name, "--", "touch", ran})...)
-			if r.code != exitNotObtained {
-				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitNotObtained, r.stderr)
+			want := exitNotObtained
+			if tt.code != 0 || tt.flags[0] == "--conflict-exit-code" {
+				want = tt.code
+			}
+			if r.code != want {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, want, r.stderr)
 			}
 			if exists(ran) {
 				t.Errorf("the command ran without the lock")
@@ -301,7 +312,8 @@ func TestCommandDeadBeforeNextHolder(t *testing.T) {
 // TestExitStatusDatabaseUnusable: 69 when the database cannot be used:
 // a DSN that does not parse, a port that refuses, a server that accepts
 // but never answers (within --connect-timeout), a database that does not
-// exist. The command never runs.
+// exist. The command never runs. The message says "dsync:" once, though
+// the library's error says it too.
 func TestExitStatusDatabaseUnusable(t *testing.T) {
 	refused := func() string { // a port nothing listens on
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -361,8 +373,8 @@ func TestExitStatusDatabaseUnusable(t *testing.T) {
 				if r.code != exitUnavailable {
 					t.Errorf("dsync %s: exit status: got %d; want %d (stderr %q)", cmd[0], r.code, exitUnavailable, r.stderr)
 				}
-				if !strings.Contains(r.stderr, "database unusable") {
-					t.Errorf("dsync %s: stderr: got %q; want it to say the database is unusable", cmd[0], r.stderr)
+				if !strings.Contains(r.stderr, "database unusable") || strings.Count(r.stderr, "dsync:") != 1 {
+					t.Errorf("dsync %s: stderr: got %q; want it to say the database is unusable, with one dsync: prefix", cmd[0], r.stderr)
 				}
 			}
 			if exists(ran) {
@@ -375,8 +387,10 @@ func TestExitStatusDatabaseUnusable(t *testing.T) {
 	}
 }
 
-// TestExitStatusUsage: 64 and the usage on stderr for bad command lines,
-// including no DSN at all; 0 and the usage on stdout for help.
+// TestExitStatusUsage: 64 and one line on stderr for bad command lines,
+// including no DSN at all: the problem, with the "dsync" prefix once, and
+// where the command's usage is; 0 and the usage on stdout for help (the
+// command's own for "dsync COMMAND --help").
 func TestExitStatusUsage(t *testing.T) {
 	name := lockName(t)
 	tests := []struct {
@@ -394,6 +408,11 @@ func TestExitStatusUsage(t *testing.T) {
 		{"run: two kinds", []string{"run", "--fair", "--read", name, "--", "true"}, ""},
 		{"run: wait and nonblock", []string{"run", "--wait", "1s", "-n", name, "--", "true"}, ""},
 		{"run: negative wait", []string{"run", "--wait", "-1s", name, "--", "true"}, ""},
+		{"run: negative wait seconds", []string{"run", "-w", "-0.5", name, "--", "true"}, ""},
+		{"run: garbage wait", []string{"run", "-w", "soon", name, "--", "true"}, ""},
+		{"run: wait seconds overflow", []string{"run", "--wait", "1e300", name, "--", "true"}, ""},
+		{"run: -E not a status", []string{"run", "-E", "256", name, "--", "true"}, ""},
+		{"run: -E not a number", []string{"run", "-E", "x", name, "--", "true"}, ""},
 		{"run: negative grace", []string{"run", "--grace", "-1s", name, "--", "true"}, ""},
 		{"run: grace above TTL/4", []string{"run", "--ttl", "2s", "--grace", "501ms", name, "--", "true"}, ""},
 		{"run: grace 10s with the default TTL", []string{"run", "--grace", "10s", name, "--", "true"}, ""},
@@ -432,8 +451,13 @@ func TestExitStatusUsage(t *testing.T) {
 			if r.code != exitUsage {
 				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitUsage, r.stderr)
 			}
-			if !strings.Contains(r.stderr, "usage:") {
-				t.Errorf("stderr: got %q; want the usage", r.stderr)
+			see := "(see 'dsync --help')\n"
+			if c := tt.args; len(c) > 0 && c[0] != "lock" {
+				see = "(see 'dsync " + c[0] + " --help')\n"
+			}
+			if strings.Count(r.stderr, "\n") != 1 || !strings.HasPrefix(r.stderr, "dsync") || !strings.HasSuffix(r.stderr, see) ||
+				strings.Count(r.stderr, "dsync") != 2 {
+				t.Errorf("stderr: got %q; want one line that says dsync once, the problem and %q", r.stderr, see)
 			}
 			if r.stdout != "" {
 				t.Errorf("stdout: got %q; want nothing", r.stdout)
@@ -443,10 +467,20 @@ func TestExitStatusUsage(t *testing.T) {
 			}
 		})
 	}
-	for _, help := range [][]string{{"help"}, {"--help"}, {"-h"}, {"run", "-h"}, {"ls", "--help"}} {
-		r := runDsync(t, help...)
-		if r.code != 0 || !strings.Contains(r.stdout, "dsync run [flags] NAME -- COMMAND") {
-			t.Errorf("dsync %q: got status %d, stdout %q; want 0 and the usage", help, r.code, r.stdout)
+	for _, help := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"help"}, usage},
+		{[]string{"--help"}, usage},
+		{[]string{"-h"}, usage},
+		{[]string{"run", "-h"}, "usage:\n" + runUsage},
+		{[]string{"ls", "--help"}, "usage:\n" + lsUsage},
+		{[]string{"release", "-help"}, "usage:\n" + releaseUsage},
+	} {
+		r := runDsync(t, help.args...)
+		if r.code != 0 || r.stdout != help.want {
+			t.Errorf("dsync %q: got status %d, stdout %q; want 0 and %q", help.args, r.code, r.stdout, help.want)
 		}
 	}
 }
@@ -461,7 +495,7 @@ func TestGraceBound(t *testing.T) {
 		code  int
 		say   string // in stderr
 	}{
-		{[]string{"--ttl", "20s", "--grace", "6s"}, exitUsage, "run: --grace 6s is more than TTL/4 = 5s (--ttl 20s): lower --grace, or raise --ttl to at least 24s\n"},
+		{[]string{"--ttl", "20s", "--grace", "6s"}, exitUsage, "run: --grace 6s is more than TTL/4 = 5s (--ttl 20s): lower --grace, or raise --ttl to at least 24s (see 'dsync run --help')\n"},
 		{[]string{"--grace", "4s"}, exitUsage, "TTL/4 = 3.75s (--ttl 15s)"},
 		{[]string{"--ttl", "20s", "--grace", "5s"}, 0, ""},
 		{[]string{"--ttl", "1s"}, 0, ""}, // the default grace fits
@@ -594,5 +628,190 @@ func TestExitStatusCannotRun(t *testing.T) {
 		if r := runDsync(t, "run", "-n", name, "--", "true"); r.code != 0 {
 			t.Errorf("dsync run -n afterwards: exit status %d; want 0, the lock released (stderr %q)", r.code, r.stderr)
 		}
+	}
+}
+
+// TestVersion: dsync --version prints the module's version, "(devel)"
+// when built from a checkout (as here), and exits 0.
+func TestVersion(t *testing.T) {
+	for _, flag := range []string{"--version", "-version", "version"} {
+		r := runDsync(t, flag)
+		if r.code != 0 || !regexp.MustCompile(`^dsync (\(devel\)|v\S+)( .*)?\n$`).MatchString(r.stdout) || r.stderr != "" {
+			t.Errorf("dsync %s: got status %d, stdout %q, stderr %q; want 0 and \"dsync (devel)\" or \"dsync vX.Y.Z\"", flag, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestVersionOf: the version of a build from a module version, and of one
+// from a checkout with and without its revision recorded.
+func TestVersionOf(t *testing.T) {
+	vcs := []debug.BuildSetting{{Key: "vcs.revision", Value: "f2937ee"}, {Key: "vcs.time", Value: "2025-01-02T03:04:05Z"}}
+	for _, tt := range []struct {
+		version  string
+		settings []debug.BuildSetting
+		want     string
+	}{
+		{"v1.2.3", vcs, "v1.2.3"},
+		{"(devel)", nil, "(devel)"},
+		{"", nil, "(devel)"},
+		{"(devel)", vcs, "(devel) f2937ee 2025-01-02T03:04:05Z"},
+		{"(devel)", append(vcs, debug.BuildSetting{Key: "vcs.modified", Value: "true"}), "(devel) f2937ee+dirty 2025-01-02T03:04:05Z"},
+	} {
+		info := &debug.BuildInfo{Main: debug.Module{Version: tt.version}, Settings: tt.settings}
+		if got := versionOf(info); got != tt.want {
+			t.Errorf("versionOf(%q, %v): got %q; want %q", tt.version, tt.settings, got, tt.want)
+		}
+	}
+}
+
+// TestErrText: the library's "dsync: " goes wherever the CLI's own prefix
+// makes it a repetition, and nowhere else (not in a quoted lock name).
+func TestErrText(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"dsync: invalid option: TTL 100ms", "invalid option: TTL 100ms"},
+		{`dsync: unlock "x": dsync: lock not held`, `unlock "x": lock not held`},
+		{`no session: dsync: connect: refused`, `no session: connect: refused`},
+		{`dsync: unlock "a: dsync: \"b\": dsync: c": dsync: lock not held`, `unlock "a: dsync: \"b\": dsync: c": lock not held`},
+		{"a dsync: b", "a dsync: b"},
+	} {
+		if got := errText(tt.in); got != tt.want {
+			t.Errorf("errText(%q): got %q; want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// TestWaitingLine: a dsync run that has to wait says so on stderr once,
+// with the holder, also when stderr is a pipe (as under cron); -q and
+// --quiet silence it.
+func TestWaitingLine(t *testing.T) {
+	name := lockName(t)
+	if err := dsync.NewMutex(newSession(t, dsync.WithLabel("test-holder")), name).Lock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, quiet := range []string{"", "-q", "--quiet"} {
+		r := runDsync(t, args([]string{"run", "--wait", "300ms"}, slices.DeleteFunc([]string{quiet}, func(s string) bool { return s == "" }), []string{name, "--", "true"})...)
+		if r.code != exitNotObtained {
+			t.Errorf("dsync run %s: exit status %d; want %d (stderr %q)", quiet, r.code, exitNotObtained, r.stderr)
+		}
+		want := 1
+		if quiet != "" {
+			want = 0
+		}
+		waiting := fmt.Sprintf("dsync: waiting for lock %q held by test-holder for up to ", name)
+		if got := strings.Count(r.stderr, waiting); got != want || want == 1 && !strings.HasPrefix(r.stderr, waiting) {
+			t.Errorf("dsync run %s: stderr %q: got %d lines %q; want %d, first", quiet, r.stderr, got, waiting, want)
+		}
+	}
+}
+
+// TestForcedReleaseIsLostHold: dsync release --force of the Mutex of a
+// running dsync run is a lost hold, as a lost lease is: dsync stops the
+// command (SIGTERM, then SIGKILL after --grace) when a look at the tables
+// (every TTL/3) finds the lock released, or, when the command ends before
+// that, finds out as it releases the lock; it says so, and exits 70
+// either way.
+func TestForcedReleaseIsLostHold(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		ttl    string
+		script string // writes READY once running; exits once STOP exists
+	}{
+		{"noticed while the command runs", "1.5s",
+			// Gives up after 5s or so: dsync should have stopped it by then.
+			`trap 'echo TERM > MARKER; exit 0' TERM; echo $$ > READY; i=0; while [ ! -e STOP ] && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done`},
+		{"noticed as the command ends", "15s",
+			`echo $$ > READY; while [ ! -e STOP ]; do sleep 0.02; done; exit 3`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ready, marker, stop := filepath.Join(dir, "ready"), filepath.Join(dir, "marker"), filepath.Join(dir, "stop")
+			name := lockName(t)
+			d := startDsync(t, args([]string{"run", "--ttl", tt.ttl, name, "--"},
+				script(tt.script, "READY", ready, "MARKER", marker, "STOP", stop))...)
+			waitFile(t, ready)
+			if r := runDsync(t, "release", "--force", name); r.code != 0 {
+				t.Fatalf("dsync release --force: exit status %d; want 0 (stderr %q)", r.code, r.stderr)
+			}
+			if tt.ttl == "15s" {
+				// Before the first look, TTL/3 after the command started.
+				if err := os.WriteFile(stop, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				t.Cleanup(func() { os.WriteFile(stop, nil, 0o644) })
+			}
+			r := d.wait(t)
+			t.Logf("dsync exited %d after %v: %q", r.code, r.took, r.stderr)
+			if r.code != exitLeaseLost {
+				t.Errorf("exit status: got %d; want %d (stderr %q)", r.code, exitLeaseLost, r.stderr)
+			}
+			if !strings.Contains(r.stderr, fmt.Sprintf("lock %q released by force", name)) &&
+				!strings.Contains(r.stderr, fmt.Sprintf("lock %q was released by force", name)) {
+				t.Errorf("stderr: got %q; want it to say the lock was released by force", r.stderr)
+			}
+			if got, _ := os.ReadFile(marker); tt.ttl != "15s" && strings.TrimSpace(string(got)) != "TERM" {
+				t.Errorf("the command's SIGTERM trap: got marker %q; want TERM, the command stopped", got)
+			}
+			if tt.ttl == "15s" && !strings.Contains(r.stderr, "exited 3") {
+				t.Errorf("stderr: got %q; want it to give the command's status, 3", r.stderr)
+			}
+		})
+	}
+}
+
+// TestDriverLogSilenced: the MySQL driver's own log lines ("[mysql] ...
+// closing bad idle connection: ...") do not reach dsync's stderr when the
+// server closes dsync's connections under a running command: dsync run,
+// on a database of its own, holds a lock while its connections are
+// killed; its renewals and release go on on new ones.
+func TestDriverLogSilenced(t *testing.T) {
+	admin := dbtest.Open(t)
+	db := fmt.Sprintf("dsync_drvlog_%d", time.Now().UnixNano())
+	if _, err := admin.Exec("CREATE DATABASE " + db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec("DROP DATABASE " + db) })
+	cfg, err := mysql.ParseDSN(dbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = db
+	dir := t.TempDir()
+	ready, stop := filepath.Join(dir, "ready"), filepath.Join(dir, "stop")
+	d := startDsync(t, args([]string{"run", "--dsn", cfg.FormatDSN(), "--ttl", "1.5s", lockName(t), "--"},
+		script(`echo ok > READY; while [ ! -e STOP ]; do sleep 0.02; done`, "READY", ready, "STOP", stop))...)
+	waitFile(t, ready)
+	kill := func() int {
+		rows, err := admin.Query("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?", db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		for _, id := range ids {
+			admin.Exec(fmt.Sprintf("KILL CONNECTION %d", id))
+		}
+		return len(ids)
+	}
+	killed := kill()
+	time.Sleep(time.Second) // two renewals, on new connections
+	killed += kill()
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := d.wait(t)
+	if killed == 0 {
+		t.Fatalf("no connection of dsync was killed: the fault did not happen")
+	}
+	t.Logf("killed %d connections of dsync; it exited %d: %q", killed, r.code, r.stderr)
+	if strings.Contains(r.stderr, "[mysql]") {
+		t.Errorf("stderr: got %q; want no line of the driver's", r.stderr)
 	}
 }
