@@ -138,7 +138,11 @@ func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 	return m.lockTx(ctx, tx, false)
 }
 
-func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
+func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
+	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, tx, wait) })
+}
+
+func (m *Mutex) lockTxOn(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
 	c := m.s.track(kindMutex, "locktx", m.name, wait)
 	defer c.done(&ok, &err)
 	if m.err != nil {
@@ -147,7 +151,7 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 	if tx == nil {
 		return false, fmt.Errorf("dsync: lock %q in a transaction: %w: nil *sql.Tx", m.name, ErrInvalidOption)
 	}
-	if err := m.s.Err(); err != nil {
+	if err := m.s.leaseErr(); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -213,7 +217,7 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		err = fmt.Errorf("%w: LockTx needs MariaDB (@@in_transaction): %w", errors.ErrUnsupported, err)
 	}
 	if err == nil {
-		err = m.s.Err()
+		err = m.s.leaseErr()
 	}
 	if err != nil {
 		// tx did not take the row (a server error, or nothing matched), or
@@ -239,7 +243,7 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		m.s.locks.unref(m.name)
 		return false, ErrSessionClosed
 	}
-	m.s.txHolds.remember(tx, m.name, txRecord{token: token, fence: fence})
+	m.s.txHolds.remember(tx, m.name, txRecord{id: m.s.id, token: token, fence: fence})
 	m.s.bell.arm()
 	return true, nil // the reference from ref now belongs to the hold
 }
@@ -261,7 +265,7 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 	if err == nil && marked && inTx {
 		var one int
 		err = m.s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, rec.token}, &one)
+			return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, rec.id, rec.token}, &one)
 		})
 		if err == nil {
 			return nil
@@ -274,8 +278,9 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 }
 
 // txRecord is what the process remembers of a LockTx hold it took: the
-// hold's acquisition token and fence, which its mark carries (qTxHold).
-type txRecord struct{ token, fence int64 }
+// lease id it was taken under, and the hold's acquisition token and
+// fence, which its mark carries (qTxHold).
+type txRecord struct{ id, token, fence int64 }
 
 // txHolds is what a session keeps of its LockTx holds: the goroutines
 // that wait for their transactions to end (see awaitTxEnd), the
