@@ -173,7 +173,7 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 		case errors.Is(err, ErrSchemaVersion) || errors.Is(err, ErrInvalidOption):
 			return fmt.Errorf("%w (opening a new lease: %w)", cause, err)
 		}
-		sc.opts.logger.Warn("dsync: opening a new lease failed; retrying", "lost", lost.id, "err", err, "retry_in", pause)
+		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", pause)
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
