@@ -127,18 +127,9 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 		if unused == nil {
 			break
 		}
-		t := time.NewTimer(unusedPoll)
-		select {
-		case <-unused:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ended()
-		case <-sc.closing.Done():
-			t.Stop()
-			return ErrSessionClosed
+		if err := sc.sleep(ctx, unusedPoll, unused, ended); err != nil {
+			return err
 		}
-		t.Stop()
 	}
 	for pause := replaceFirst; ; pause = min(2*pause, replaceMax) {
 		tctx, cancel := context.WithTimeout(ctx, sc.opts.ttl)
@@ -174,17 +165,26 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 			return fmt.Errorf("%w (opening a new lease: %w)", cause, err)
 		}
 		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", pause)
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ended()
-		case <-sc.closing.Done():
-			t.Stop()
-			return ErrSessionClosed
+		if err := sc.sleep(ctx, pause, nil, ended); err != nil {
+			return err
 		}
 	}
+}
+
+// sleep waits d, or until wake (nil: never) is closed, and returns nil;
+// or, when ctx ends or Close begins first, ended's error.
+func (sc *succession) sleep(ctx context.Context, d time.Duration, wake <-chan struct{}, ended func() error) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-ctx.Done():
+		return ended()
+	case <-sc.closing.Done():
+		return ended()
+	}
+	return nil
 }
 
 // close is Close of a session made WithReplaceLostLease: no lease is
