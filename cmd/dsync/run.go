@@ -271,16 +271,21 @@ func (c *runConfig) reportNewLeases(s *dsync.Session) (stop func()) {
 			}
 			fmt.Fprintf(stderr, "dsync: session %d lost while waiting for lock %q; opening a new one to wait on\n", id, c.name)
 			tick := time.NewTicker(leasePoll)
-			for s.ID() == id {
+			stopped := false
+			for s.ID() == id && !stopped {
 				select {
 				case <-tick.C:
 				case <-quit:
-					tick.Stop()
-					return
+					stopped = true // the Lock returned: under a new lease, maybe
 				}
 			}
 			tick.Stop()
-			fmt.Fprintf(stderr, "dsync: waiting for lock %q with new session %d\n", c.name, s.ID())
+			if next := s.ID(); next != id {
+				fmt.Fprintf(stderr, "dsync: waiting for lock %q with new session %d\n", c.name, next)
+			}
+			if stopped {
+				return
+			}
 		}
 	}()
 	return func() { close(quit); <-ended }
