@@ -81,12 +81,16 @@
 //	deadline_in  time.Duration  time left before the session gives up on its lease
 //	token        int64          the acquisition token of an orphan (the token column)
 //	age          time.Duration  how long ago the orphan was recorded
+//	lost         int64          the id of the lost lease that a new one replaced (WithReplaceLostLease)
+//	retry_in     time.Duration  when the next try to open a new lease is due
 //
 // The records:
 //
 //	WARN  "dsync: waited long for a lock"            lock kind op waited acquired [err]
 //	WARN  "dsync: lease renewal failed; retrying"    err attempt deadline_in
 //	ERROR "dsync: session lost; its locks may belong to others now"  err
+//	WARN  "dsync: opening a new lease failed; retrying"  err retry_in
+//	INFO  "dsync: lost lease replaced"               lost
 //	INFO  "dsync: orphan freed"                      lock kind token age
 //	DEBUG "dsync: orphan not found; given up"        lock kind token age
 //	DEBUG "dsync: acquire failed; retrying"          lock kind err
@@ -101,7 +105,8 @@
 // A Lock or RLock that waited (see [Stats]) at least the session's TTL is
 // logged when it returns, with the lock or without it (err). A renewal
 // that failed is retried until the session gives up on its lease: then
-// the session is lost. An orphan is a lock row or ticket that the session
+// the session is lost; with [WithReplaceLostLease], the records of the new
+// lease that replaces it carry its own id. An orphan is a lock row or ticket that the session
 // frees in the background (see [Mutex.Unlock]); it is logged when freed,
 // or when it was not found for a minute (another statement freed it, or
 // the acquisition it was recorded for never landed).

@@ -551,8 +551,14 @@ func newBellWaiter(st *store, logger *slog.Logger, done <-chan struct{}) *bellWa
 }
 
 // get returns a connection to block on a doorbell with, or nil when the
-// session has bellWaiters blocked already or none can be opened.
+// session has bellWaiters blocked already or none can be opened. Opening
+// one ends with the session too: on a network gone dark the handshake
+// never ends, and a Lock with context.Background() would wait on it for
+// ever after its session was lost.
 func (w *bellWaiter) get(ctx context.Context) *connpool.Conn {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(w.store.stopped, cancel)()
 	return w.conns.Get(ctx, w.store.pool, bellWaiters)
 }
 

@@ -8,7 +8,7 @@ import (
 
 // Acquiring returns how many goroutines of s are acquiring a lock on the
 // database right now (as opposed to waiting in the local layer).
-func Acquiring(s *Session) int64 { return s.acquiring.Load() }
+func Acquiring(s *Session) int64 { return s.current().acquiring.Load() }
 
 // NewBackOff returns a new polling policy from s's back-off factory: the
 // default one (defaultBackOff) unless the session was made WithBackOff.
@@ -17,7 +17,7 @@ func NewBackOff(s *Session) backoff.BackOff { return s.opts.newBackOff() }
 // ExpireLocally moves s's local renewal deadline to its origin, that is into
 // the past, without touching the keep-alive goroutine: what a process sees
 // after a pause (SIGSTOP, a VM pause) longer than its lease.
-func ExpireLocally(s *Session) { s.lease.deadline.Store(0) }
+func ExpireLocally(s *Session) { s.current().lease.deadline.Store(0) }
 
 // WithSweep sets the free-row age and the sweep interval directly, below the
 // limits WithFreeRowAge enforces, so that tests see passes in milliseconds.
@@ -26,18 +26,18 @@ func WithSweep(age, every time.Duration) Option {
 }
 
 // SweepPasses returns how many sweep passes s has been elected to run.
-func SweepPasses(s *Session) int64 { return s.sweeper.passes.Load() }
+func SweepPasses(s *Session) int64 { return s.current().sweeper.passes.Load() }
 
 // SweepPass runs one sweep pass on s at once, deleting the rows marked at
 // least age ago, and returns how many rows it deleted and marked. Give s
 // WithFreeRowAge(0), so that its own sweeper does not run beside it.
 func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
-	return s.sweeper.sweep(time.Hour, age)
+	return s.current().sweeper.sweep(time.Hour, age)
 }
 
 // BellWaitConnsInUse returns how many of s's connections for blocking on
 // other sessions' doorbells are in use: none once no Lock of s waits.
-func BellWaitConnsInUse(s *Session) int { return s.waiters.conns.InUse() }
+func BellWaitConnsInUse(s *Session) int { return s.current().waiters.conns.InUse() }
 
 // SchemaVersion is the version of the tables this code reads and writes.
 const SchemaVersion = schemaVersion

@@ -27,6 +27,7 @@ type registry[T any] struct {
 	mu      *sync.Mutex
 	entries map[string]*registered[T] // guarded by mu
 	create  func() *T
+	gone    func() // called with mu held after a name's state was forgotten
 }
 
 type registered[T any] struct {
@@ -34,8 +35,8 @@ type registered[T any] struct {
 	state *T
 }
 
-func newRegistry[T any](mu *sync.Mutex, create func() *T) registry[T] {
-	return registry[T]{mu: mu, entries: make(map[string]*registered[T]), create: create}
+func newRegistry[T any](mu *sync.Mutex, gone func(), create func() *T) registry[T] {
+	return registry[T]{mu: mu, entries: make(map[string]*registered[T]), create: create, gone: gone}
 }
 
 // ref returns the state of name, creating it, and counts a reference.
@@ -59,6 +60,7 @@ func (r registry[T]) unref(name string) {
 	e := r.entries[name]
 	if e.refs--; e.refs == 0 {
 		delete(r.entries, name)
+		r.gone()
 	}
 }
 
@@ -92,7 +94,7 @@ func (s *Session) enter(ctx context.Context, c *call, l *localLock, wait bool) (
 	case <-ctx.Done():
 		return false, ctx.Err()
 	case <-s.done:
-		return false, s.Err()
+		return false, s.leaseErr()
 	}
 }
 

@@ -140,7 +140,11 @@ func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 	return m.lockTx(ctx, tx, false)
 }
 
-func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
+func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
+	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, tx, wait) })
+}
+
+func (m *Mutex) lockTxOn(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
 	c := m.s.track(kindMutex, "locktx", m.name, wait)
 	defer c.done(&ok, &err)
 	if m.err != nil {
@@ -149,7 +153,7 @@ func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err
 	if tx == nil {
 		return false, opErrorf(fmt.Errorf("%w: nil *sql.Tx", ErrInvalidOption), "lock %q in a transaction", m.name)
 	}
-	if err := m.s.Err(); err != nil {
+	if err := m.s.leaseErr(); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -216,7 +220,7 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
 	}
 	if err == nil {
-		err = m.s.Err()
+		err = m.s.leaseErr()
 	}
 	if err != nil {
 		// tx did not take the row (a server error, or nothing matched), or
@@ -245,7 +249,7 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		m.s.locks.unref(m.name)
 		return false, ErrSessionClosed
 	}
-	m.s.txHolds.remember(tx, m.name, txRecord{token: token, fence: fence})
+	m.s.txHolds.remember(tx, m.name, txRecord{id: m.s.id, token: token, fence: fence})
 	m.s.bell.arm()
 	return true, nil // the reference from ref now belongs to the hold
 }
@@ -269,7 +273,7 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 	err := tx.QueryRowContext(ctx, q.held, -rec.token, rec.fence, m.name).Scan(&marked)
 	if err == nil && marked {
 		var pending bool
-		pending, err = m.txPending(ctx, rec.token)
+		pending, err = m.txPending(ctx, rec.id, rec.token)
 		if err == nil && pending {
 			return nil
 		}
@@ -282,12 +286,12 @@ func (m *Mutex) txHeld(ctx context.Context, tx *sql.Tx, q *txQueries, rec txReco
 
 // txPending reads, on a session connection, whether the committed lock row
 // is still as the session held it under token before it handed the row to
-// a transaction (qTxHoldPending): then the hand-over waits for that
-// transaction's end.
-func (m *Mutex) txPending(ctx context.Context, token int64) (bool, error) {
+// a transaction (qTxHoldPending), under its lease id and token: then the
+// hand-over waits for that transaction's end.
+func (m *Mutex) txPending(ctx context.Context, id, token int64) (bool, error) {
 	var one int
 	err := m.s.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, m.s.id, token}, &one)
+		return m.s.store.query(ctx, c, sTxHoldPending, []any{m.name, id, token}, &one)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
@@ -306,7 +310,7 @@ func (m *Mutex) txPending(ctx context.Context, token int64) (bool, error) {
 // taken it since; nothing here assumes otherwise.) After an error of the
 // read it does not know, and returns false and the error.
 func (m *Mutex) txCommittedAtOnce(ctx context.Context, token, fence int64) (bool, error) {
-	pending, err := m.txPending(ctx, token)
+	pending, err := m.txPending(ctx, m.s.id, token)
 	if err != nil || pending {
 		return false, err
 	}
@@ -318,8 +322,9 @@ func (m *Mutex) txCommittedAtOnce(ctx context.Context, token, fence int64) (bool
 }
 
 // txRecord is what the process remembers of a LockTx hold it took: the
-// hold's acquisition token and fence, which its mark carries (qTxHold).
-type txRecord struct{ token, fence int64 }
+// lease id it was taken under, and the hold's acquisition token and
+// fence, which its mark carries (qTxHold).
+type txRecord struct{ id, token, fence int64 }
 
 // txHolds is what a session keeps of its LockTx holds: the goroutines
 // that wait for their transactions to end (see awaitTxEnd), the

@@ -37,7 +37,7 @@ import (
 // the lock may already belong to someone else. A lock taken for a caller's
 // transaction ([Mutex.LockTx]) lives as long as the transaction instead.
 type Mutex struct {
-	s    *Session
+	s    *Session // the Session NewMutex was given; see on
 	name string
 	err  error // the name's validation error, returned by every call
 }
@@ -57,11 +57,22 @@ func NewMutex(s *Session, name string) *Mutex {
 // Name returns the lock's name.
 func (m *Mutex) Name() string { return m.name }
 
+// on returns m on the lease g of its session (see succession.go): m itself
+// but after a lost lease was replaced.
+func (m *Mutex) on(g *Session) *Mutex {
+	if g == m.s {
+		return m
+	}
+	return &Mutex{s: g, name: m.name, err: m.err}
+}
+
 // Fence returns the fencing token of the current hold of the lock by this
 // process through m's session, or 0 when it does not hold it (or the session
 // has ended).
-func (m *Mutex) Fence() int64 {
-	if m.err != nil || m.s.Err() != nil {
+func (m *Mutex) Fence() int64 { return m.on(m.s.current()).fence() }
+
+func (m *Mutex) fence() int64 {
+	if m.err != nil || m.s.leaseErr() != nil {
 		return 0
 	}
 	l := m.s.locks.lookup(m.name)
@@ -92,13 +103,19 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	return m.lock(ctx, false)
 }
 
-func (m *Mutex) lock(ctx context.Context, wait bool) (ok bool, err error) {
+// lock runs lockOn on the current lease, and again on a new one where a
+// lost lease is replaced (see Session.withLease).
+func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
+	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, wait) })
+}
+
+func (m *Mutex) lockOn(ctx context.Context, wait bool) (ok bool, err error) {
 	c := m.s.track(kindMutex, "lock", m.name, wait)
 	defer c.done(&ok, &err)
 	if m.err != nil {
 		return false, m.err
 	}
-	if err := m.s.Err(); err != nil {
+	if err := m.s.leaseErr(); err != nil {
 		return false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -140,7 +157,7 @@ func (m *Mutex) enterAcquire(ctx context.Context, c *call, l *localLock, wait bo
 		// statement ran (Close, or a lease lost to a slow database): then
 		// the row names a lease that is ending or gone, another session may
 		// take it at once, and the lock must not be reported held.
-		if err = m.s.Err(); err != nil {
+		if err = m.s.leaseErr(); err != nil {
 			m.s.undo(ctx, orphan{name: m.name, token: token})
 		}
 	}
@@ -335,6 +352,12 @@ func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 // the hold is over in this process and the session frees the row in the
 // background.
 func (m *Mutex) Unlock(ctx context.Context) error {
+	// The lease of a hold stays the current one until the hold is
+	// released (see succession.go).
+	return m.on(m.s.current()).unlock(ctx)
+}
+
+func (m *Mutex) unlock(ctx context.Context) error {
 	if m.err != nil {
 		return m.err
 	}
@@ -360,18 +383,18 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 	defer m.s.locks.unref(m.name)
 	defer l.leave() // after the row is free, so the next local holder finds it free
 
-	if err := m.s.Err(); err != nil {
+	if err := m.s.leaseErr(); err != nil {
 		return opErrorf(err, "unlock %q", m.name)
 	}
 	freed, err := m.s.free(ctx, orphan{name: m.name, token: token})
 	switch {
-	case err != nil && m.s.Err() != nil:
-		return opErrorf(m.s.Err(), "unlock %q", m.name) // the lock ends with the lease
+	case err != nil && m.s.leaseErr() != nil:
+		return opErrorf(m.s.leaseErr(), "unlock %q", m.name) // the lock ends with the lease
 	case err != nil:
 		m.s.addOrphan(orphan{name: m.name, token: token})
 		return opErrorf(err, "unlock %q (the session retries in the background)", m.name)
 	case !freed:
-		if serr := m.s.Err(); serr != nil {
+		if serr := m.s.leaseErr(); serr != nil {
 			return opErrorf(serr, "unlock %q", m.name)
 		}
 		return opErrorf(m.s.whyNotHeld(ctx), "unlock %q", m.name)
@@ -382,7 +405,7 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 // notHeld returns the error for unlocking a lock that is not held: the
 // session's end when it has ended, else ErrNotHeld.
 func (m *Mutex) notHeld() error {
-	if err := m.s.Err(); err != nil {
+	if err := m.s.leaseErr(); err != nil {
 		return opErrorf(err, "unlock %q", m.name)
 	}
 	return opErrorf(ErrNotHeld, "unlock %q", m.name)

@@ -26,13 +26,14 @@ const (
 // options is the configuration of a Session, set by Options and validated
 // once in NewSession.
 type options struct {
-	ttl        time.Duration
-	prefix     string
-	newBackOff func() backoff.BackOff
-	logger     *slog.Logger
-	label      string
-	freeRowAge time.Duration // 0: no clean-up
-	sweepEvery time.Duration // the sweep interval when set (tests); else see sweepInterval
+	ttl         time.Duration
+	prefix      string
+	newBackOff  func() backoff.BackOff
+	logger      *slog.Logger
+	label       string
+	freeRowAge  time.Duration // 0: no clean-up
+	sweepEvery  time.Duration // the sweep interval when set (tests); else see sweepInterval
+	replaceLost bool          // see WithReplaceLostLease
 }
 
 // An Option configures a [Session]. Options are validated by [NewSession],
@@ -106,6 +107,27 @@ func WithLabel(label string) Option { return func(o *options) { o.label = label 
 // session that runs a pass applies its own age: give every session of the
 // tables the same one.
 func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.freeRowAge = age } }
+
+// WithReplaceLostLease makes a session that lost its lease open a new one
+// (a new lease row, with a new [Session.ID]) instead of ending for good,
+// once nothing taken under the lost lease is held any more. A hold that
+// was lost is still reported as lost: until every Lock and RLock hold of
+// the lost lease has been released (its Unlock or RUnlock returning
+// [ErrSessionExpired], as without this option), [Session.Done] stays
+// closed, [Session.Err] returns ErrSessionExpired, and every call returns
+// ErrSessionExpired at once. (A [Mutex.LockTx] hold lives with its
+// transaction, not the lease, and does not hold the replacement up.)
+//
+// From then on, a lock call that holds nothing carries on: a Lock or
+// RLock that was waiting when the lease was lost, and any lock call made
+// after, opens the new lease and waits or acquires under it, bounded by
+// its ctx. While the database cannot be reached it tries again with
+// back-off (from 100ms, doubling, up to every 2s, each try bounded by the
+// TTL); a call whose ctx ends first returns an error wrapping both
+// ErrSessionExpired and ctx.Err(). Done, Err, ID and Deadline then
+// describe the new lease; the lock values made on the session stay valid.
+// Nothing opens a new lease after [Session.Close] has begun.
+func WithReplaceLostLease() Option { return func(o *options) { o.replaceLost = true } }
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)
 

@@ -235,7 +235,7 @@ func (s *Session) knownHolds() []orphan {
 // cancel it there): unless the undo found and freed it, the reaper keeps
 // trying for orphanWindow.
 func (s *Session) undo(ctx context.Context, o orphan) {
-	if s.Err() != nil {
+	if s.leaseErr() != nil {
 		s.mu.Lock()
 		closing := s.closed // Close was called
 		s.mu.Unlock()

@@ -84,7 +84,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 	case <-ctx.Done():
 		return nil, 0, ctx.Err()
 	case <-s.done:
-		return nil, 0, s.Err()
+		return nil, 0, s.leaseErr()
 	}
 	defer func() { <-lq.enq }()
 
@@ -187,7 +187,7 @@ func (s *Session) awaitTurn(ctx context.Context, c *call, name string, lq *local
 		case <-ctx.Done():
 			return 0, false, ctx.Err()
 		case <-s.done:
-			return 0, false, s.Err()
+			return 0, false, s.leaseErr()
 		}
 	}
 	var ahead, fence int64
@@ -265,8 +265,8 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, 0, ctx.Err()
-	case err != nil && s.Err() != nil:
-		return nil, 0, s.Err()
+	case err != nil && s.leaseErr() != nil:
+		return nil, 0, s.leaseErr()
 	case err != nil:
 		return nil, 0, err
 	case w == nil:
@@ -281,7 +281,7 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 		// The turn came, but the session may have ended meanwhile (Close,
 		// or a lease lost while the check ran): then the hold is worth
 		// nothing, and the lock must not be reported held.
-		if err = s.Err(); err == nil {
+		if err = s.leaseErr(); err == nil {
 			s.bell.arm()
 			return w, fence, nil
 		}
@@ -296,7 +296,7 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 // queued is what FairMutex and RWMutex have in common: a name of a
 // session's queued locks.
 type queued struct {
-	s    *Session
+	s    *Session // the Session the lock was made with; see on
 	name string
 	err  error // the name's validation error
 }
@@ -308,12 +308,21 @@ func newQueued(s *Session, name, kind string) queued {
 	return queued{s: s, name: name, err: validName(name)}
 }
 
+// on returns q on the lease g of its session (see succession.go): q itself
+// but after a lost lease was replaced.
+func (q *queued) on(g *Session) *queued {
+	if g == q.s {
+		return q
+	}
+	return &queued{s: g, name: q.name, err: q.err}
+}
+
 // precheck returns the error that stops a call before it starts.
 func (q *queued) precheck(ctx context.Context, op string) error {
 	if q.err != nil {
 		return q.err
 	}
-	if err := q.s.Err(); err != nil {
+	if err := q.s.leaseErr(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -322,8 +331,14 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 	return nil
 }
 
-// lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock).
-func (q *queued) lock(ctx context.Context, wait bool) (ok bool, err error) {
+// lock takes the exclusive hold (FairMutex.Lock, RWMutex.Lock) on the
+// current lease, and again on a new one where a lost lease is replaced
+// (see Session.withLease).
+func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
+	return q.s.withLease(ctx, func(g *Session) (bool, error) { return q.on(g).lockOn(ctx, wait) })
+}
+
+func (q *queued) lockOn(ctx context.Context, wait bool) (ok bool, err error) {
 	c := q.s.track(kindQueue, "lock", q.name, wait)
 	defer c.done(&ok, &err)
 	if err := q.precheck(ctx, "lock"); err != nil {
@@ -379,8 +394,11 @@ func (q *queued) join(ctx context.Context, c *call, lq *localQueue, mode int, wa
 	return w, fence, nil
 }
 
-// unlock releases one exclusive hold.
-func (q *queued) unlock(ctx context.Context) error {
+// unlock releases one exclusive hold, on the lease it was taken under: the
+// current one while the hold lasts.
+func (q *queued) unlock(ctx context.Context) error { return q.on(q.s.current()).unlockOn(ctx) }
+
+func (q *queued) unlockOn(ctx context.Context) error {
 	if q.err != nil {
 		return q.err
 	}
@@ -406,7 +424,7 @@ func (q *queued) unlock(ctx context.Context) error {
 // release removes the ticket of a hold that is over and drops its reference.
 func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
-	if err := q.s.Err(); err != nil {
+	if err := q.s.leaseErr(); err != nil {
 		return opErrorf(err, "%s %q", op, q.name)
 	}
 	// Remove the ticket, or free the head slot (ticket headSlot), which
@@ -419,8 +437,8 @@ func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int6
 		q.s.addOrphan(o)
 	}
 	lq.kickFront()
-	if err != nil && q.s.Err() != nil {
-		return opErrorf(q.s.Err(), "%s %q", op, q.name) // the lock ends with the lease
+	if err != nil && q.s.leaseErr() != nil {
+		return opErrorf(q.s.leaseErr(), "%s %q", op, q.name) // the lock ends with the lease
 	}
 	if err != nil {
 		return opErrorf(err, "%s %q (the session retries in the background)", op, q.name)
@@ -429,8 +447,10 @@ func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int6
 }
 
 // fence returns the fence of the exclusive hold, or 0.
-func (q *queued) fence() int64 {
-	if q.err != nil || q.s.Err() != nil {
+func (q *queued) fence() int64 { return q.on(q.s.current()).fenceOn() }
+
+func (q *queued) fenceOn() int64 {
+	if q.err != nil || q.s.leaseErr() != nil {
 		return 0
 	}
 	lq := q.s.queues.lookup(q.name)
@@ -443,7 +463,7 @@ func (q *queued) fence() int64 {
 }
 
 func (q *queued) notHeld(op string) error {
-	if err := q.s.Err(); err != nil {
+	if err := q.s.leaseErr(); err != nil {
 		return opErrorf(err, "%s %q", op, q.name)
 	}
 	return opErrorf(ErrNotHeld, "%s %q", op, q.name)

@@ -88,8 +88,14 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	return rw.q.runlock(ctx)
 }
 
-// rlock takes a read hold: joining one of this process, or with a ticket.
-func (q *queued) rlock(ctx context.Context, wait bool) (ok bool, err error) {
+// rlock takes a read hold, on the current lease, and again on a new one
+// where a lost lease is replaced (see Session.withLease).
+func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
+	return q.s.withLease(ctx, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, wait) })
+}
+
+// rlockOn takes a read hold: joining one of this process, or with a ticket.
+func (q *queued) rlockOn(ctx context.Context, wait bool) (ok bool, err error) {
 	c := q.s.track(kindQueue, "rlock", q.name, wait)
 	defer c.done(&ok, &err)
 	if err := q.precheck(ctx, "rlock"); err != nil {
@@ -173,8 +179,10 @@ func (q *queued) countReader(lq *localQueue, owner uint64, d int) {
 	}
 }
 
-// runlock releases one read hold.
-func (q *queued) runlock(ctx context.Context) error {
+// runlock releases one read hold, on the lease it was taken under.
+func (q *queued) runlock(ctx context.Context) error { return q.on(q.s.current()).runlockOn(ctx) }
+
+func (q *queued) runlockOn(ctx context.Context) error {
 	if q.err != nil {
 		return q.err
 	}

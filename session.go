@@ -66,7 +66,7 @@ type Session struct {
 	sweeper   *sweeper        // the clean-up of free rows (see sweep.go)
 	rows      *lockRows       // the Mutex row's statements (see lockrow.go)
 	tickets   *tickets        // the queue's statements (see tickets.go)
-	stats     counters        // see Stats
+	stats     *counters       // see Stats; one for every lease of a Session made WithReplaceLostLease
 
 	bell    *doorbell   // this session's doorbell (see doorbell.go)
 	waiters *bellWaiter // blocks on other sessions' doorbells (see doorbell.go)
@@ -78,6 +78,17 @@ type Session struct {
 	queues registry[localQueue] // the same for FairMutex and RWMutex names
 
 	txHolds *txHolds // LockTx's goroutines, connections and records (see locktx.go)
+
+	// unused, when not nil, is closed (and set to nil) when the last name
+	// in locks and queues goes: no hold and no call remain. Guarded by
+	// mu; see whenUnused.
+	unused chan struct{}
+
+	// line, on a Session made WithReplaceLostLease, is its line of
+	// leases; nil otherwise. Only the Session that NewSession returned
+	// (whose methods the caller calls) reads it; each lease's Session
+	// runs the calls made on it (see succession.go).
+	line *succession
 }
 
 // NewSession creates the tables if they are missing (safe when many
@@ -98,6 +109,20 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
+	s, err := startSession(ctx, db, o, new(counters))
+	if err != nil {
+		return nil, err
+	}
+	if o.replaceLost {
+		s.line = newSuccession(db, o, s)
+	}
+	return s, nil
+}
+
+// startSession creates the tables if they are missing, inserts a lease row
+// and starts renewing it: the Session of one lease, counting its calls in
+// stats. On error nothing is left running.
+func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (*Session, error) {
 	q := newQueries(o.prefix)
 	st, err := newStore(ctx, db, q, o.logger)
 	if err != nil {
@@ -107,17 +132,18 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 		store:   st,
 		opts:    o,
 		logger:  o.logger,
+		stats:   stats,
 		done:    make(chan struct{}),
 		txHolds: newTxHolds(),
 	}
 	bellsAllowed := !st.galera && db.Stats().MaxOpenConnections == 0
-	s.lease = newLease(st, o.ttl, &s.stats, s.lose)
+	s.lease = newLease(st, o.ttl, s.stats, s.lose)
 	s.reaper = newReaper(st, o.ttl, s.free)
 	s.sweeper = newSweeper(st, &o)
 	s.stopped, s.stop = context.WithCancel(context.Background())
-	st.stopped, st.ended = s.stopped, s.Err
-	s.locks = newRegistry(&s.mu, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
-	s.queues = newRegistry(&s.mu, func() *localQueue {
+	st.stopped, st.ended = s.stopped, s.leaseErr
+	s.locks = newRegistry(&s.mu, s.noteUnused, func() *localLock { return &localLock{sem: make(chan struct{}, 1)} })
+	s.queues = newRegistry(&s.mu, s.noteUnused, func() *localQueue {
 		return &localQueue{enq: make(chan struct{}, 1), rOwners: make(map[uint64]int)}
 	})
 	if err := s.lease.start(ctx, o.label); err != nil {
@@ -150,7 +176,7 @@ func NewSession(ctx context.Context, db *sql.DB, opts ...Option) (*Session, erro
 
 // ID returns the session's lease id, the value of the holder column of the
 // lock rows it holds.
-func (s *Session) ID() int64 { return s.id }
+func (s *Session) ID() int64 { return s.current().id }
 
 // TTL returns the lease time to live.
 func (s *Session) TTL() time.Duration { return s.opts.ttl }
@@ -158,7 +184,13 @@ func (s *Session) TTL() time.Duration { return s.opts.ttl }
 // Done returns a channel that is closed when the session ends: its lease was
 // lost (see [Session.Err]) or [Session.Close] was called. Select on it
 // beside long work done under a lock, and stop that work when it closes.
-func (s *Session) Done() <-chan struct{} { return s.done }
+//
+// On a session made [WithReplaceLostLease], Done is the channel of the
+// current lease: read it after Lock returns, while holding the lock (the
+// lease of a hold is the current one until the hold is released). A Done
+// read before a Lock may belong to an earlier lease, and be closed
+// already: a spurious signal, never a missed one.
+func (s *Session) Done() <-chan struct{} { return s.current().done }
 
 // Deadline returns the local time until which the lease is known to hold:
 // the last successful renewal's send time plus the TTL, less the safety
@@ -167,21 +199,27 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 // closes then. It has a monotonic clock reading, so [time.Until] of it is
 // exact. Once the session has ended it no longer moves.
 func (s *Session) Deadline() time.Time {
-	return s.lease.deadlineTime()
+	return s.current().lease.deadlineTime()
 }
 
 // Err returns nil while the session is live, [ErrSessionExpired] once its
 // lease was lost, and [ErrSessionClosed] after Close. It checks the renewal
 // deadline itself: after the process was paused (SIGSTOP, a VM pause) past
 // it, Err reports the loss (and Done closes) even before the keep-alive
-// goroutine has run again.
-func (s *Session) Err() error {
+// goroutine has run again. On a session made [WithReplaceLostLease] it is
+// the current lease's: ErrSessionExpired from a loss until a lock call
+// opens the new lease (see [Session.Done]).
+func (s *Session) Err() error { return s.current().leaseErr() }
+
+// leaseErr is Err of this lease's Session: what every call made on it
+// reads.
+func (s *Session) leaseErr() error {
 	s.mu.Lock()
 	err := s.err
 	s.mu.Unlock()
 	if err == nil && s.lease.pastDeadline() {
 		s.lose(errors.New("renewal deadline passed"))
-		return s.Err()
+		return s.leaseErr()
 	}
 	return err
 }
@@ -227,8 +265,17 @@ func (s *Session) lose(cause error) {
 // the session holds at once. Close returns within about one TTL even when
 // the database is unreachable; the lease then simply ends on the server.
 // After the session was lost, Close only releases its connections. Calling
-// Close again returns ErrSessionClosed.
+// Close again returns ErrSessionClosed. A session made
+// [WithReplaceLostLease] opens no lease after Close has begun.
 func (s *Session) Close() error {
+	if s.line != nil {
+		return s.line.close()
+	}
+	return s.closeLease()
+}
+
+// closeLease is Close of this lease's Session.
+func (s *Session) closeLease() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -6,7 +6,9 @@ import (
 )
 
 // Stats is a snapshot of a Session's lock activity, returned by
-// [Session.Stats]. The cumulative figures count from [NewSession].
+// [Session.Stats]. The cumulative figures count from [NewSession], across
+// the leases of a session made [WithReplaceLostLease]; Held and Orphans
+// are the current lease's.
 //
 // A call waited when it did not get the lock at its first attempt: in the
 // process, another goroutine of the session held or was acquiring the name
@@ -55,6 +57,7 @@ type Stats struct {
 // name the session uses now. The figures are read one by one, not as one
 // atomic snapshot, so under load they may be moments apart.
 func (s *Session) Stats() Stats {
+	s = s.current()
 	st := Stats{
 		Waiting:         int(s.stats.waiting.Load()),
 		Contended:       s.stats.contended.Load(), // before Acquisitions: never more than it
@@ -146,7 +149,7 @@ func (c *call) noteWait() {
 // err, the error it returned. A call that waited at least the session's
 // TTL is logged (see the package doc's Logging).
 func (c *call) done(ok *bool, err *error) {
-	st := &c.s.stats
+	st := c.s.stats
 	if *ok {
 		st.acquisitions.Add(1)
 	}

@@ -82,8 +82,8 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			return false, stop.err
 		case err != nil && ctx.Err() != nil:
 			return false, ctx.Err()
-		case err != nil && s.Err() != nil:
-			return false, s.Err()
+		case err != nil && s.leaseErr() != nil:
+			return false, s.leaseErr()
 		case err != nil && (!wait || !retryable(err)):
 			return false, err
 		case err != nil && p.retrying != nil:
@@ -109,7 +109,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			if err := ctx.Err(); err != nil {
 				return false, err
 			}
-			if err := s.Err(); err != nil {
+			if err := s.leaseErr(); err != nil {
 				return false, err
 			}
 			continue
@@ -133,7 +133,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 		case <-ctx.Done():
 			return false, ctx.Err()
 		case <-s.done:
-			return false, s.Err()
+			return false, s.leaseErr()
 		}
 	}
 }

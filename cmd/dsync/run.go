@@ -170,9 +170,12 @@ func (d *seconds) Set(s string) error {
 	return nil
 }
 
-// options returns the session options of the flags.
+// options returns the session options of the flags. The session replaces
+// a lease lost while dsync waits for the lock (nothing is held then); a
+// lease lost while the command runs still ends it (see watchCommand): the
+// hold's lease stays the session's until the hold is released.
 func (c *runConfig) options() []dsync.Option {
-	opts := []dsync.Option{dsync.WithTTL(c.ttl), dsync.WithTablePrefix(c.prefix)}
+	opts := []dsync.Option{dsync.WithTTL(c.ttl), dsync.WithTablePrefix(c.prefix), dsync.WithReplaceLostLease()}
 	if c.labelSet {
 		opts = append(opts, dsync.WithLabel(c.label))
 	}
@@ -212,7 +215,7 @@ func (c *runConfig) run() int {
 	}()
 
 	l := newLock(s, c.kind, c.name)
-	if code := c.acquire(r, db, l); code >= 0 {
+	if code := c.acquire(r, db, s, l); code >= 0 {
 		return code
 	}
 	code, lost := c.runCommand(r, db, s, l)
@@ -241,7 +244,7 @@ func (c *runConfig) run() int {
 
 // acquire takes the lock. It returns -1 once the lock is held, else the
 // exit status.
-func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
+func (c *runConfig) acquire(r *relay, db *sql.DB, s *dsync.Session, l *lock) int {
 	ok, err := l.try(r.ctx)
 	if err == nil && !ok && !c.nonblock {
 		if !c.quiet {
@@ -253,7 +256,9 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 			ctx, cancel = context.WithTimeout(ctx, c.wait)
 			defer cancel()
 		}
+		stop := c.reportNewLeases(s)
 		err = l.lock(ctx)
+		stop()
 		ok = err == nil
 	}
 	if sig, received := r.received(); received {
@@ -285,6 +290,49 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, l *lock) int {
 	}
 	return unavailable(err)
 }
+
+// reportNewLeases says on stderr, while dsync waits for the lock, each time
+// the session's lease is lost and each time the session has opened a new
+// one to go on waiting with. It returns the function that stops it.
+func (c *runConfig) reportNewLeases(s *dsync.Session) (stop func()) {
+	quit, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			id := s.ID() // before Done: a Done of a lease replaced since is closed, never missed
+			select {
+			case <-s.Done():
+			case <-quit:
+				return
+			}
+			if errors.Is(s.Err(), dsync.ErrSessionClosed) {
+				return
+			}
+			fmt.Fprintf(stderr, "dsync: session %d lost while waiting for lock %q; opening a new one to wait on\n", id, c.name)
+			tick := time.NewTicker(leasePoll)
+			stopped := false
+			for s.ID() == id && !stopped {
+				select {
+				case <-tick.C:
+				case <-quit:
+					stopped = true // the Lock returned: under a new lease, maybe
+				}
+			}
+			tick.Stop()
+			if next := s.ID(); next != id {
+				fmt.Fprintf(stderr, "dsync: waiting for lock %q with new session %d\n", c.name, next)
+			}
+			if stopped {
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-ended }
+}
+
+// leasePoll is how often reportNewLeases looks whether the session has
+// opened its new lease (a local look, no statement).
+const leasePoll = 50 * time.Millisecond
 
 // sayWaiting prints once on stderr which lock dsync waits for and who holds
 // it, as far as a quick look at the tables tells.

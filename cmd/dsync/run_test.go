@@ -250,6 +250,90 @@ func TestExitStatusLeaseLost(t *testing.T) {
 	}
 }
 
+// TestWaitAcrossLostLease: a dsync run waiting for a lock whose network is
+// cut for longer than its TTL loses its session, says so, opens a new one
+// once the network is back, and runs its command when the holder releases
+// the lock, under the new session (it used to exit 69).
+func TestWaitAcrossLostLease(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	db := dbtest.Open(t)
+	name, label := lockName(t), lockName(t)
+	holder := dsync.NewMutex(newSession(t), name)
+	if err := holder.Lock(bg); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	d := startDsync(t, args([]string{"run", "--dsn", dsn, "--ttl", "1s", "--label", label, name, "--"},
+		script(`echo "$DSYNC_SESSION" > OUT`, "OUT", out))...)
+	// leases returns the ids of the lease rows of dsync's sessions, and
+	// whether each lives on the server.
+	leases := func() map[int64]bool {
+		rows, err := db.QueryContext(bg, "SELECT id, expires_at > UTC_TIMESTAMP(6) FROM dsync_lease WHERE label = ?", label)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		ids := map[int64]bool{}
+		for rows.Next() {
+			var id int64
+			var live bool
+			if err := rows.Scan(&id, &live); err != nil {
+				t.Fatal(err)
+			}
+			ids[id] = live
+		}
+		return ids
+	}
+	var first int64
+	waitFor(t, "dsync's session", func() bool {
+		for id := range leases() {
+			first = id
+		}
+		return first != 0
+	})
+	time.Sleep(300 * time.Millisecond) // dsync waits in Lock
+
+	before := p.Stats()
+	p.Cut(true)
+	waitFor(t, "dsync's lease to end on the server", func() bool { return !leases()[first] })
+	if p.Stats().Dropped == before.Dropped {
+		t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
+	}
+	p.Cut(false)
+	var second int64
+	waitFor(t, "dsync's new session", func() bool {
+		for id, live := range leases() {
+			if id != first && live {
+				second = id
+			}
+		}
+		return second != 0
+	})
+	select {
+	case r := <-d.done:
+		d.done <- r
+		t.Fatalf("dsync exited while the lock was held: status %d, stderr %q", r.code, r.stderr)
+	default:
+	}
+	if err := holder.Unlock(bg); err != nil {
+		t.Fatal(err)
+	}
+	r := d.wait(t)
+	t.Logf("dsync exited %v after it started: %q", r.took, r.stderr)
+	if r.code != 0 {
+		t.Fatalf("exit status: got %d; want 0, the command run under the new session (stderr %q)", r.code, r.stderr)
+	}
+	if got := strings.TrimSpace(waitFile(t, out)); got != strconv.FormatInt(second, 10) {
+		t.Errorf("DSYNC_SESSION of the command: got %s; want %d, the new session (lost: %d)", got, second, first)
+	}
+	for _, want := range []string{fmt.Sprintf("session %d lost while waiting", first), fmt.Sprintf("new session %d", second)} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr: got %q; want it to say %q", r.stderr, want)
+		}
+	}
+}
+
 // TestCommandDeadBeforeNextHolder: when a dsync run loses its lease, its
 // command and the command's process group are dead before the lock can
 // pass to another holder, whatever the command does with SIGTERM. The

@@ -25,8 +25,8 @@ const chunkSize = 32 << 10
 const queueLen = 64
 
 // Proxy forwards TCP connections from [Proxy.Addr] to an upstream address,
-// with faults injected by [Proxy.SetLatency], [Proxy.Cut] and
-// [Proxy.DropNextReply]. Create it with [New] (the zero value is not
+// with faults injected by [Proxy.SetLatency], [Proxy.Cut], [Proxy.Refuse]
+// and [Proxy.DropNextReply]. Create it with [New] (the zero value is not
 // usable) and release it with [Proxy.Close]. Its methods are safe for
 // concurrent use.
 type Proxy struct {
@@ -38,6 +38,7 @@ type Proxy struct {
 
 	latency atomic.Int64 // time.Duration added to each chunk, each way; >= 0
 	cut     atomic.Bool  // all bytes are dropped while set
+	refuse  atomic.Bool  // new connections are closed at once while set
 
 	mu        sync.Mutex
 	links     map[*link]struct{} // open connections; guarded by mu
@@ -133,6 +134,13 @@ func (p *Proxy) SetLatency(d time.Duration) {
 // connections work normally.
 func (p *Proxy) Cut(cut bool) { p.cut.Store(cut) }
 
+// Refuse, while refuse is true, closes each new client connection as soon
+// as it is accepted, without dialling upstream: a server that is down, as
+// its clients see it (every connection fails at once). Connections open
+// before are left as they are (see Cut). Refused connections count in
+// Accepted.
+func (p *Proxy) Refuse(refuse bool) { p.refuse.Store(refuse) }
+
 // DropNextReply drops the next chunk of bytes that the upstream server
 // sends, on any connection, after this call, and from then on every byte
 // and the end of stream that the server sends on that connection: the
@@ -203,6 +211,10 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.accepted.Add(1)
+		if p.refuse.Load() {
+			client.Close()
+			continue
+		}
 		p.wg.Add(1)
 		go p.serve(client)
 	}

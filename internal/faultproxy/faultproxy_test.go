@@ -181,6 +181,37 @@ func TestCut(t *testing.T) {
 	selectOne(ctx, t, conn(ctx, t, db))
 }
 
+// TestRefuse checks that new connections fail at once while the proxy
+// refuses them, that an open one still works, and that new connections
+// work again once it does not.
+func TestRefuse(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := newProxy(t)
+	db := open(t, p.Addr(), "")
+	c := conn(ctx, t, db)
+	selectOne(ctx, t, c)
+
+	p.Refuse(true)
+	before := p.Stats().Accepted
+	start := time.Now()
+	nc, err := db.Conn(ctx)
+	if err == nil {
+		nc.Close()
+		t.Fatalf("new connection while refused: got nil error; want a failure")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("new connection while refused: failed after %v; want at once", took)
+	}
+	if got := p.Stats().Accepted; got == before {
+		t.Errorf("Accepted while refused: got %d, as before; want the refused connections counted", got)
+	}
+	selectOne(ctx, t, c) // open before: untouched
+
+	p.Refuse(false)
+	selectOne(ctx, t, conn(ctx, t, db))
+}
+
 // TestDropNextReply checks that an INSERT whose reply is dropped fails on
 // the client yet ran on the server, and that only that connection is
 // black-holed.

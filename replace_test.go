@@ -1,0 +1,296 @@
+package dsync_test
+
+// Tests of WithReplaceLostLease (issue 18, item 5): a session that lost its
+// lease opens a new one for the calls that hold nothing, and still reports
+// every hold that was lost. Each test makes the loss happen as production
+// does (the network cut under the session's renewals) and proves it
+// happened before it asserts anything else.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// replaceSession opens a session WithReplaceLostLease and a TTL of 1s, the
+// shortest, on db, and closes it when the test ends.
+func replaceSession(t *testing.T, db *sql.DB) *dsync.Session {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := dsync.NewSession(ctx, db, dsync.WithTTL(time.Second), dsync.WithReplaceLostLease(),
+		dsync.WithLogger(slog.New(slog.NewTextHandler(faultLogWriter{t}, nil))))
+	if err != nil {
+		t.Fatalf("NewSession: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// awaitNewLease waits up to limit for s to have a lease other than old,
+// and returns its id.
+func awaitNewLease(t *testing.T, s *dsync.Session, old int64, limit time.Duration) int64 {
+	t.Helper()
+	for deadline := time.Now().Add(limit); ; time.Sleep(10 * time.Millisecond) {
+		if id := s.ID(); id != old {
+			return id
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session's lease: still %d %v later; want a new one", old, limit)
+		}
+	}
+}
+
+// TestReplaceLostLeaseWaiter: a Lock waiting with context.Background()
+// while its session's lease is lost and the database refuses every
+// connection goes on waiting, tries to open a new lease with back-off (a
+// few connection attempts a second, not a busy loop), and takes the lock
+// under the new lease once the database is back and the holder releases
+// it, with a greater fence.
+func TestReplaceLostLeaseWaiter(t *testing.T) {
+	const outage = 2 * time.Second
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	direct := dbtest.Open(t)
+	name := lockName(t)
+
+	holder := dsync.NewMutex(faultSession(t, direct, 10*time.Second), name)
+	if err := holder.Lock(bg); err != nil {
+		t.Fatalf("holder's Lock: got %v; want nil", err)
+	}
+	held := holder.Fence()
+	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
+	waiter := dsync.NewMutex(ws, name)
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- waiter.Lock(bg) }()
+	for deadline := time.Now().Add(10 * time.Second); ws.Stats().Waiting == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("waiter's Lock: not waiting after 10s")
+		}
+	}
+	lost, done := ws.ID(), ws.Done()
+
+	p.Cut(true)    // the renewals get no answer
+	p.Refuse(true) // and every new connection fails at once
+	if !isClosed(done, 3*time.Second) {
+		t.Fatalf("waiter's Done: still open 3s after the cut; want closed (the lease lost)")
+	}
+	if err := ws.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("waiter's session Err after the cut: got %v; want ErrSessionExpired", err)
+	}
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
+	}
+
+	a0, q0, from := p.Stats().Accepted, serverQuestions(t, direct), time.Now()
+	time.Sleep(outage)
+	attempts, statements, d := p.Stats().Accepted-a0, serverQuestions(t, direct)-q0-1, time.Since(from)
+	t.Logf("while the database refused connections: %d connection attempts and %d statements on the server in %v",
+		attempts, statements, d.Round(time.Millisecond))
+	if rate := float64(attempts) / d.Seconds(); rate > spinBudget {
+		t.Errorf("connection attempts while the database refused them: got %.1f/s; want at most %.0f/s", rate, spinBudget)
+	}
+	if attempts == 0 {
+		t.Errorf("connection attempts while the database refused them: got none; want the session to try for a new lease")
+	}
+	if rate := float64(statements) / d.Seconds(); rate > spinBudget {
+		t.Errorf("statements on the server while the waiter's database was unreachable: got %.1f/s; want at most %.0f/s", rate, spinBudget)
+	}
+	select {
+	case err := <-lockErr:
+		t.Fatalf("waiter's Lock during the outage: returned %v; want it still waiting", err)
+	default:
+	}
+
+	p.Refuse(false)
+	p.Cut(false)
+	renewed := awaitNewLease(t, ws, lost, 10*time.Second)
+	if err := ws.Err(); err != nil {
+		t.Errorf("session Err with its new lease: got %v; want nil", err)
+	}
+	if isClosed(ws.Done(), 0) {
+		t.Errorf("session Done with its new lease: got closed; want open")
+	}
+	select {
+	case err := <-lockErr:
+		t.Fatalf("waiter's Lock with the holder still holding: returned %v; want it still waiting", err)
+	default:
+	}
+	if err := holder.Unlock(bg); err != nil {
+		t.Fatalf("holder's Unlock: got %v; want nil", err)
+	}
+	select {
+	case err := <-lockErr:
+		if err != nil {
+			t.Fatalf("waiter's Lock across the lost lease: got %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("waiter's Lock: still waiting 10s after the holder's Unlock")
+	}
+	if got := ws.ID(); got != renewed {
+		t.Errorf("session ID while holding: got %d; want %d, the new lease", got, renewed)
+	}
+	if h := readHoldState(t, direct, "Mutex", name); len(h.holders) != 1 || h.holders[0] != renewed {
+		t.Errorf("lock row's holder: got %v; want [%d], the new lease (lost: %d)", h.holders, renewed, lost)
+	}
+	if got := waiter.Fence(); got <= held {
+		t.Errorf("waiter's fence: got %d; want more than the holder's %d", got, held)
+	}
+	if isClosed(ws.Done(), 0) {
+		t.Errorf("session Done read while holding under the new lease: got closed; want open")
+	}
+	if err := waiter.Unlock(bg); err != nil {
+		t.Errorf("waiter's Unlock: got %v; want nil", err)
+	}
+}
+
+// TestReplaceLostLeaseHold: a hold taken before the lease is lost is
+// reported lost, exactly as without the option: Done read while holding
+// closes, every call fails with ErrSessionExpired while the hold remains
+// (no new lease is opened under it), Unlock returns ErrSessionExpired, and
+// another session takes the lock only after Done closed. Once the hold is
+// released, the session opens a new lease and locks again, with greater
+// fences.
+func TestReplaceLostLeaseHold(t *testing.T) {
+	for _, kind := range faultKinds {
+		t.Run(kind, func(t *testing.T) { replaceLostLeaseHold(t, kind) })
+	}
+}
+
+func replaceLostLeaseHold(t *testing.T, kind string) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	direct := dbtest.Open(t)
+	name := lockName(t)
+
+	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
+	mine := newFaultLock(kind, ws, name)
+	if err := mine.Lock(bg); err != nil {
+		t.Fatalf("Lock: got %v; want nil", err)
+	}
+	lost, done, fence := ws.ID(), ws.Done(), mine.Fence()
+	other := newFaultLock(kind, faultSession(t, direct, 10*time.Second), name)
+	// The other session polls: when it first gets the lock, the holder
+	// must already know it lost it.
+	taken := make(chan bool, 1) // whether Done was closed when the other took it
+	ctx, cancel := context.WithTimeout(bg, 15*time.Second)
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			if ok, err := other.TryLock(ctx); err != nil || ok {
+				taken <- err == nil && isClosed(done, 0)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		taken <- false
+	}()
+
+	p.Cut(true)
+	if !isClosed(done, 3*time.Second) {
+		t.Fatalf("Done read while holding: still open 3s after the cut; want closed")
+	}
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
+	}
+	if err := ws.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("Err while holding after the cut: got %v; want ErrSessionExpired", err)
+	}
+	p.Cut(false)
+	// While the hold remains, nothing replaces the lease: calls fail at
+	// once, as without the option, and Done and Err still say lost.
+	second := newFaultLock(kind, ws, name+"/second")
+	if _, err := within(t, "second Lock while the lost hold remains", 5*time.Second, func() error { return second.Lock(bg) }); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Errorf("another Lock while the lost hold remains: got %v; want ErrSessionExpired", err)
+	}
+	if got := ws.ID(); got != lost {
+		t.Errorf("session ID while the lost hold remains: got %d; want %d, the lost lease", got, lost)
+	}
+	if !isClosed(ws.Done(), 0) {
+		t.Errorf("Done while the lost hold remains: got open; want closed")
+	}
+	select {
+	case ok := <-taken:
+		if !ok {
+			t.Fatalf("other session's TryLock: failed, or succeeded before the holder's Done closed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("other session's TryLock: still false 10s after the cut")
+	}
+	if err := mine.Unlock(bg); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Errorf("Unlock of the lost hold: got %v; want ErrSessionExpired", err)
+	}
+
+	// Nothing held: the next Lock opens a new lease.
+	lctx, lcancel := context.WithTimeout(bg, 10*time.Second)
+	defer lcancel()
+	if err := second.Lock(lctx); err != nil {
+		t.Fatalf("Lock after the lost hold was released: got %v; want nil", err)
+	}
+	if got := ws.ID(); got == lost {
+		t.Errorf("session ID after the loss was reported: got %d, the lost lease; want a new one", got)
+	}
+	if err := ws.Err(); err != nil || isClosed(ws.Done(), 0) {
+		t.Errorf("session with its new lease: Err %v, Done closed %v; want nil and open", err, isClosed(ws.Done(), 0))
+	}
+	if err := second.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+	ofence := other.Fence()
+	if err := other.Unlock(bg); err != nil {
+		t.Fatalf("other session's Unlock: got %v; want nil", err)
+	}
+	if err := mine.Lock(lctx); err != nil {
+		t.Fatalf("Lock of the name again under the new lease: got %v; want nil", err)
+	}
+	if got := mine.Fence(); got <= ofence || ofence <= fence {
+		t.Errorf("fences: lost hold %d, other session %d, new lease %d; want strictly increasing", fence, ofence, got)
+	}
+	if err := mine.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+}
+
+// TestReplaceLostLeaseClose: Close while a Lock waits for a new lease (the
+// database refusing connections) ends the wait with ErrSessionClosed and
+// opens no lease after it.
+func TestReplaceLostLeaseClose(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
+	m := dsync.NewMutex(ws, lockName(t))
+	done := ws.Done()
+	p.Cut(true)
+	p.Refuse(true)
+	if !isClosed(done, 3*time.Second) {
+		t.Fatalf("Done: still open 3s after the cut; want closed")
+	}
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- m.Lock(bg) }()
+	time.Sleep(300 * time.Millisecond) // it tries for a new lease
+	if _, err := within(t, "Close", 5*time.Second, ws.Close); err != nil {
+		t.Errorf("Close of a lost session: got %v; want nil", err)
+	}
+	select {
+	case err := <-lockErr:
+		if !errors.Is(err, dsync.ErrSessionClosed) {
+			t.Errorf("Lock waiting for a new lease at Close: got %v; want ErrSessionClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Lock waiting for a new lease: still waiting 5s after Close")
+	}
+	p.Refuse(false)
+	p.Cut(false)
+	if err := m.Lock(bg); !errors.Is(err, dsync.ErrSessionClosed) {
+		t.Errorf("Lock after Close: got %v; want ErrSessionClosed", err)
+	}
+	if err := ws.Close(); !errors.Is(err, dsync.ErrSessionClosed) {
+		t.Errorf("Close again: got %v; want ErrSessionClosed", err)
+	}
+}
