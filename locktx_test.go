@@ -422,7 +422,7 @@ func TestLockTxSurvivesItsSessionEnd(t *testing.T) {
 // goroutines of another take the name with LockTx transactions back to
 // back, and a LockTx waiter while two goroutines hold it with Lock back to
 // back. Each wait must end with the lock (a starved waiter would run into
-// its 20s deadline) after at most a few holds of the stream; the waits are
+// its 20s deadline) after at most the holds that fit in the claim delay; the waits are
 // logged (go test -v -run NeitherSide).
 func TestLockTxNeitherSideStarves(t *testing.T) {
 	for _, streamTx := range []bool{true, false} {
@@ -515,11 +515,17 @@ func TestLockTxNeitherSideStarves(t *testing.T) {
 			}
 			t.Logf("waits of the other side: mean %v, longest %v, at most %d holds of the stream during one; %d holds of the stream in all",
 				total/waits, longest, overtaken, streamed.Load())
-			// A waiter is overtaken by at most the holds in progress when it
-			// began (one per goroutine of the stream) and a few more; a
-			// starving one would let the stream go on and on.
-			if overtaken > 10 {
-				t.Errorf("a wait saw %d holds of the stream; want at most 10", overtaken)
+			// A waiter that loses the races for the free row claims the next
+			// hold after polling starveAfter (100ms, mutex.go), so it is
+			// overtaken by at most the holds that fit in that time (each
+			// takes at least the stream's 2ms sleep: 50), the holds in
+			// progress when it began (one per goroutine of the stream) and
+			// a few more; a starving one would let the stream go on to its
+			// 20s deadline, thousands of holds. (On an idle machine the
+			// doorbell wakes it first and it sees 2 or 3; 27 were seen on a
+			// loaded 2-core one.)
+			if overtaken > 60 {
+				t.Errorf("a wait saw %d holds of the stream; want at most 60", overtaken)
 			}
 		})
 	}
