@@ -27,8 +27,9 @@
 // stays the only source of truth; a doorbell is only a hint, so a lost one
 // costs time, never correctness. A Mutex waiter of another process also
 // claims the next hold; FairMutex and RWMutex serve tickets in order.
-// Where doorbells are not available (a Galera cluster; a *sql.DB with a
-// connection limit) waiters poll with the back-off of [WithBackOff]. How
+// Where doorbells are not available (a Galera cluster; a *sql.DB limited
+// to fewer than 8 connections) waiters poll with the back-off of
+// [WithBackOff]. How
 // waiting, claims, fairness and [Mutex.LockTx] work is in [docs/DESIGN.md].
 //
 // Errors are the sentinels of this package, wrapped with context: test them

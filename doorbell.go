@@ -61,15 +61,18 @@ import (
 //
 // Doorbells are per server, not replicated, so on a Galera
 // cluster (where MariaDB refuses GET_LOCK) waiters poll instead, as they do
-// when the *sql.DB limits its open connections (doorbells take connections
-// of their own: one per session that has held or waited for a lock, and one per name
-// its process waits for, at most bellWaiters), or when a holder has no
-// doorbell (bell 0). A waiter blocks no longer than the holder's lease has
+// when the *sql.DB limits its open connections to fewer than
+// bellsMinLimit. Doorbells take connections of their own: one per session
+// that has held (or, without a connection limit, waited for) a lock, and
+// one per session that waits (bellWaiters), or, with a connection limit,
+// one for all the sessions of the *sql.DB, all of them within
+// dedicatedCap. A waiter without a connection to block on, or whose
+// holder has no doorbell (bell 0), paces itself (connPace, nextPace). A waiter blocks no longer than the holder's lease has
 // left (see bellWaiter.wait), so a holder that stopped renewing (paused, cut off)
 // is overtaken as soon as its lease ends.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
-	bellWaiters = 8                    // most connections a session blocks on doorbells with
+	bellWaiters = 1                    // most connections a session blocks on doorbells with
 	bellLate    = 5 * time.Millisecond // a block outlasts the holder's lease by this much
 )
 
@@ -94,7 +97,8 @@ type doorbell struct {
 	wake chan struct{} // a value: work for the goroutine (ring, publish, or take the doorbell)
 	done chan struct{} // closed when the goroutine returns
 
-	allowed bool        // set by newDoorbell: not Galera, no connection limit
+	allowed bool        // set by newDoorbell: not Galera, no connection limit below bellsMinLimit
+	capped  bool        // set by newDoorbell: the *sql.DB limits its connections (see armWaiting, take)
 	armed   atomic.Bool // started, read without armMu
 	armMu   sync.Mutex  // guards started and off
 	started bool        // guarded by armMu
@@ -109,12 +113,26 @@ type doorbell struct {
 
 // newDoorbell returns the doorbell of session id, not started (see arm):
 // allowed is false on a Galera cluster or when the *sql.DB limits its
-// connections; stopped ends when the session does; ringStmt names the
-// statement a release rings in; ended reports whether the session was
-// closed or has ended.
-func newDoorbell(st *store, id int64, logger *slog.Logger, stopped context.Context, allowed bool, ringStmt func() stmtIndex, ended func() bool) *doorbell {
+// connections below bellsMinLimit; capped says that it limits them;
+// stopped ends when the session does; ringStmt names the statement a
+// release rings in; ended reports whether the session was closed or has
+// ended.
+func newDoorbell(st *store, id int64, logger *slog.Logger, stopped context.Context, allowed, capped bool, ringStmt func() stmtIndex, ended func() bool) *doorbell {
 	return &doorbell{store: st, id: id, logger: logger, stopped: stopped, ringStmt: ringStmt, ended: ended,
-		wake: make(chan struct{}, 1), done: make(chan struct{}), allowed: allowed}
+		wake: make(chan struct{}, 1), done: make(chan struct{}), allowed: allowed, capped: capped}
+}
+
+// armWaiting arms the doorbell for a session whose Mutex waiter waits
+// (waiters behind its claim block on it), except on a *sql.DB with a
+// connection limit: there the few connections of dsync's share
+// (dedicatedCap) go to the doorbells of holders and of queued waiters
+// (whose tickets others queue behind) and to waiting, and the waiters
+// behind a Mutex claimant pace themselves for the moment between its
+// claim and its hold.
+func (b *doorbell) armWaiting() {
+	if !b.capped {
+		b.arm()
+	}
 }
 
 // arm starts the doorbell, once, after the session's first acquisition or
@@ -281,7 +299,13 @@ func (b *doorbell) drop() {
 // take opens a connection, takes generation gen of the doorbell on it
 // and publishes it.
 func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) {
-	c, err := b.store.pool.Dedicated(ctx)
+	// With a connection limit, the doorbells of the sessions of the
+	// *sql.DB leave one connection of dsync's share for waiting.
+	spare := 0
+	if b.capped {
+		spare = 1
+	}
+	c, err := b.store.pool.DedicatedSpare(ctx, spare)
 	if err != nil {
 		return nil, err
 	}
@@ -428,8 +452,9 @@ type bellState struct {
 	nobodyFence int64            // the lock's fence then
 	nobodyPaced bool             // and it has paced itself since, with that fence
 	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
-	pollUntil   time.Time        // poll without trying doorbells until then
 	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
+	unarmed     int              // times the one waited for was found without a doorbell (see unarmedPolls)
+	busy        bool             // the next paced poll comes after connPace, once: no connection to block on (see bellWaiter.wait)
 	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
 }
 
@@ -465,12 +490,17 @@ const (
 
 // nextPace returns how long a waiter waits before its next paced try:
 // claimPoll once when it asked to poll soon (a holder without a doorbell
-// yet, or the first time nobody was found again; see judge), else
+// yet, or the first time nobody was found again; see judge), connPace
+// once when it had no connection to block on (see bellWaiter.wait), else
 // paceFloor, then twice the last, up to paceCap.
 func (st *bellState) nextPace() time.Duration {
 	if st.soon {
 		st.soon = false
 		return claimPoll
+	}
+	if st.busy {
+		st.busy = false
+		return connPace
 	}
 	st.pace = min(max(2*st.pace, paceFloor), paceCap)
 	return st.pace
@@ -528,38 +558,82 @@ func (st *bellState) wokeFrom(ref bellRef) {
 	st.woke[ref] = true
 }
 
-// pollFor is how long a waiter polls before it tries doorbells again, once
-// it found the session it waits for without one (it may be taking its
-// first one right then), or itself, or no connection to block on.
+// pollFor is how long the doorbell goroutine waits before it tries again
+// to take a doorbell it could not take (doubling up to bellWait), and the
+// longest a waiter on a *sql.DB with a connection limit waits for a
+// connection to block on.
 const pollFor = 100 * time.Millisecond
 
-// bellWaiter is the waiter side: it blocks on other sessions' doorbells,
-// on connections of its own, at most bellWaiters open, kept idle for the
-// next waits. It is given what it needs of its session when made
-// (newBellWaiter), and holds no *Session.
+// bellWaiter is the waiter side: it blocks on other sessions' doorbells
+// on one connection of its own (bellWaiters), however many names its
+// sessions wait for, kept idle for the next waits. Each session has one
+// on a *sql.DB without a connection limit; on one with a limit, its
+// sessions share the pool's (see sharedPool), so that their waiting takes
+// one connection of dsync's share. The calls that wait for the doorbell
+// it blocks on share that block (N names held by one session cost one
+// connection and no statements); a call that waits for another doorbell
+// while the connection blocks, or when no connection can be had (the
+// server refuses one, 1040; the *sql.DB's share for dsync is taken, see
+// dedicatedCap), polls at connPace and looks again. It holds no *Session.
 type bellWaiter struct {
-	store  *store          // runs its statements
-	logger *slog.Logger    // the session's
-	done   <-chan struct{} // the session's Done: a wait ends with the session
-	conns  connpool.Kept   // the connections blocked on, or kept for blocking on, doorbells
+	pool   *connpool.Pool // opens its connection and prepares its statement
+	capped bool           // the *sql.DB limits its connections: opening one waits at most pollFor
+	conns  connpool.Kept  // the connection blocked on, or kept for blocking on, doorbells
+
+	mu      sync.Mutex
+	cur     *bellBlock     // guarded by mu; the block in progress or being started; nil: none
+	stopped bool           // guarded by mu; stop was called: no block starts
+	blocks  sync.WaitGroup // the blocks' goroutines; Add only under mu while not stopped
 }
 
-// newBellWaiter returns the waiter side of a session: st runs its
-// statements, done is closed when the session ends.
-func newBellWaiter(st *store, logger *slog.Logger, done <-chan struct{}) *bellWaiter {
-	return &bellWaiter{store: st, logger: logger, done: done}
+// bellBlock is one block on a doorbell, shared by the calls that wait for
+// it.
+type bellBlock struct {
+	ref    bellRef
+	done   chan struct{}      // closed when the block has ended; rung and failed are set before
+	rung   bool               // the doorbell was free (rung, or gone with its connection)
+	failed bool               // no connection, or the statement failed
+	calls  int                // guarded by bellWaiter.mu; calls waiting for it
+	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
 }
 
-// get returns a connection to block on a doorbell with, or nil when the
-// session has bellWaiters blocked already or none can be opened. Opening
-// one ends with the session too: on a network gone dark the handshake
-// never ends, and a Lock with context.Background() would wait on it for
-// ever after its session was lost.
-func (w *bellWaiter) get(ctx context.Context) *connpool.Conn {
+// connPace is how often a waiter that has no connection to block on (its
+// session's blocks on another doorbell, or none can be had) tries the lock
+// again: each try and read of the doorbell are two statements, so with the
+// claim renewed once a second it sends at most 20 a second, and a claimant
+// among them takes a lock that fell free within connPace.
+const connPace = 110 * time.Millisecond
+
+// newBellWaiter returns a waiter side that opens its connection from p;
+// capped says that p's *sql.DB limits its connections.
+func newBellWaiter(p *connpool.Pool, capped bool) *bellWaiter {
+	return &bellWaiter{pool: p, capped: capped}
+}
+
+// get returns a connection to block on a doorbell with, or nil when none
+// can be opened (on a *sql.DB with a connection limit, within pollFor:
+// the caller's own use of the pool goes first). Opening one ends when the
+// waiting call's session does (done) too: on a network gone dark the
+// handshake never ends, and a Lock with context.Background() would wait on
+// it for ever after its session was lost.
+func (w *bellWaiter) get(ctx context.Context, done <-chan struct{}) *connpool.Conn {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(w.store.stopped, cancel)()
-	return w.conns.Get(ctx, w.store.pool, bellWaiters)
+	got := make(chan struct{})
+	defer close(got)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-got:
+		}
+	}()
+	if w.capped {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeout(ctx, pollFor)
+		defer stop()
+	}
+	return w.conns.Get(ctx, w.pool, bellWaiters)
 }
 
 // put keeps c for the next waiter when keep is set, else closes it.
@@ -569,15 +643,25 @@ func (w *bellWaiter) put(c *connpool.Conn, keep bool) { w.conns.Put(c, keep) }
 // use are closed when put back).
 func (w *bellWaiter) closeIdle() { w.conns.Close() }
 
-// wait blocks on a connection of its own (see get) until doorbell ref
-// rings, for at most most (a whole number of seconds) or what the ringing
-// session's lease has left (left microseconds), or until ctx or the
-// session ends; name and kind are for its log. A doorbell that is
-// free at once (rung, or gone with its connection) or rings is recorded
-// in st (see judge); the caller tries again at once after it or after a
-// block that timed out, and paces itself after an error. When it has no
-// connection to block with it returns waitPoll, and the caller polls for
-// pollFor.
+// stop closes the idle connections and waits for the blocks in progress,
+// which end when the calls waiting for them have gone.
+func (w *bellWaiter) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+	w.closeIdle()
+	w.blocks.Wait()
+}
+
+// wait blocks until doorbell ref rings, for at most most (a whole number
+// of seconds) or what the ringing session's lease has left (left
+// microseconds), or until ctx ends or done (the waiting session's Done)
+// is closed; logger, name and kind are for its log. It shares the session's block on ref when there is one, and
+// starts one on the session's connection (see bellWaiter) when it is
+// free; else it asks st for connPace and returns waitPace. A doorbell that is free at once (rung,
+// or gone with its connection) or rings is recorded in st (see judge);
+// the caller tries again at once after it or after a block that timed
+// out, and paces itself after an error.
 //
 // The block's timeout is fractional: MariaDB's GET_LOCK honours it, so a
 // waiter overtakes a holder that stopped renewing within bellLate of its
@@ -588,7 +672,7 @@ func (w *bellWaiter) closeIdle() { w.conns.Close() }
 // renewing gets that close to its lease's end; so does every holder whose
 // TTL is under about 1.2s (it renews every TTL/3), whose waiters thus
 // retry about once a second and are not woken by its release.
-func (w *bellWaiter) wait(ctx context.Context, ref bellRef, left int64, most time.Duration, st *bellState, name, kind string) waitOutcome {
+func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef, left int64, most time.Duration, st *bellState, logger *slog.Logger, name, kind string) waitOutcome {
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
 		// Sleep it out, on no connection: MySQL's GET_LOCK takes whole
@@ -599,29 +683,113 @@ func (w *bellWaiter) wait(ctx context.Context, ref bellRef, left int64, most tim
 		case <-t.C:
 			st.pace = 0
 		case <-ctx.Done():
-		case <-w.done:
+		case <-done:
 		}
 		return waitTry
 	}
-	c := w.get(ctx)
-	if c == nil {
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
+	b, joined := w.join(ctx, done, ref, limit, logger, name, kind)
+	if b == nil {
+		st.busy = true
+		return waitPace // the connection blocks on another doorbell, or there is none
 	}
-	bell := bellName(ref.id, ref.gen)
-	timeout := limit.Seconds()
-	var got sql.NullInt64
-	err := w.store.withDedicated(ctx, c, w.put, func(ctx context.Context) error {
-		return w.store.query(ctx, c, sBellWait, []any{bell, timeout, bell}, &got)
-	})
-	if err != nil {
-		w.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
+	defer w.leave(b)
+	var own <-chan time.Time
+	if joined {
+		// A block that another call started may last longer than this
+		// call's limit.
+		t := time.NewTimer(limit)
+		defer t.Stop()
+		own = t.C
+	}
+	select {
+	case <-b.done:
+	case <-own:
+		st.pace = 0
+		return waitTry
+	case <-ctx.Done():
+		return waitTry // the caller returns ctx's error
+	case <-done:
+		return waitTry // the caller returns the session's
+	}
+	if b.failed {
+		st.busy = true
 		return waitPace
 	}
 	st.pace = 0
-	if got.Int64 == 1 {
+	if b.rung {
 		st.wokeFrom(ref)
 		st.woken = true
 	}
 	return waitTry
+}
+
+// join returns the session's block on ref, counting the call in it
+// (joined true when another call started it), or starts one, for limit,
+// on the session's connection; nil when the connection blocks on another
+// doorbell, or none can be had.
+func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
+	w.mu.Lock()
+	if b := w.cur; b != nil {
+		if b.ref != ref {
+			w.mu.Unlock()
+			return nil, false
+		}
+		b.calls++
+		w.mu.Unlock()
+		return b, true
+	}
+	b = &bellBlock{ref: ref, done: make(chan struct{}), calls: 1}
+	w.cur = b // calls that come meanwhile join it
+	w.mu.Unlock()
+	c := w.get(ctx, done)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c == nil || w.stopped {
+		if c != nil {
+			w.conns.Put(c, false)
+		}
+		w.cur = nil
+		b.failed = true
+		close(b.done) // those that joined meanwhile pace themselves too
+		return nil, false
+	}
+	bctx, cancel := context.WithCancel(context.Background()) // ended by leave, when the last call has gone
+	b.cancel = cancel
+	w.blocks.Add(1)
+	go w.block(bctx, c, b, limit, logger, name, kind)
+	return b, false
+}
+
+// leave counts a call out of block b, and ends the block when it was the
+// last call waiting for it.
+func (w *bellWaiter) leave(b *bellBlock) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if b.calls--; b.calls == 0 && b.cancel != nil {
+		b.cancel()
+	}
+}
+
+// block runs block b on c for at most limit, and records its outcome.
+func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, limit time.Duration, logger *slog.Logger, name, kind string) {
+	defer w.blocks.Done()
+	bell := bellName(b.ref.id, b.ref.gen)
+	var got sql.NullInt64
+	st, err := c.Stmt(ctx, w.pool, int(sBellWait))
+	if err == nil {
+		err = st.QueryRowContext(ctx, bell, limit.Seconds(), bell).Scan(&got)
+	}
+	w.put(c, err == nil && ctx.Err() == nil)
+	if err != nil && ctx.Err() == nil {
+		logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kind, "err", err)
+	}
+	w.mu.Lock()
+	if w.cur == b {
+		w.cur = nil
+	}
+	b.failed = err != nil
+	b.rung = err == nil && got.Int64 == 1
+	b.cancel()
+	w.mu.Unlock()
+	close(b.done)
 }

@@ -264,6 +264,25 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 	return err
 }
 
+// useOpen runs f as use does, but only when the connection is open (it
+// opens none), and reports whether it ran f; l may be nil.
+func (l *leaseConn) useOpen(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
+	if l == nil {
+		return false, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.c == nil {
+		return false, nil
+	}
+	err := f(ctx, l.c)
+	if ctx.Err() != nil || !connpool.Reusable(err) {
+		l.c.Close()
+		l.c = nil
+	}
+	return true, err
+}
+
 // close closes the connection, if any; l may be nil.
 func (l *leaseConn) close() {
 	if l == nil {

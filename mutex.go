@@ -212,7 +212,6 @@ type mutexWait struct {
 	wantedAt     time.Time // when qLockWant was last sent
 	unwanted     bool      // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
 	selfHeld     bool      // the row was last seen held by this session itself
-	unarmed      int       // times the holder was found without a doorbell (see unarmedPolls)
 }
 
 // try makes one attempt at the lock row. The first attempt tries the
@@ -430,22 +429,37 @@ func (s *Session) whyNotHeld(ctx context.Context) error {
 	return fmt.Errorf("%w: taken over after the session's lease lapsed on the server", ErrNotHeld)
 }
 
-// unarmedPolls is how many times a Mutex waiter that finds the holder
-// without a doorbell polls soon (after claimPoll) before it polls for
-// pollFor: a session takes its doorbell right after its first
+// unarmedPolls is how many times a waiter that finds the one it waits for
+// without a doorbell polls soon (after claimPoll) before it paces itself
+// (see nextPace): a session takes its doorbell right after its first
 // acquisition, and a waiter arriving just then would otherwise wait
-// pollFor (see docs/CONSTANTS.md).
+// paceFloor (see docs/CONSTANTS.md).
 const unarmedPolls = 5
+
+// unarmedPace tells a waiter that found the one it waits for without a
+// doorbell what to do: poll soon, the first unarmedPolls times, then pace
+// itself.
+func (st *bellState) unarmedPace() waitOutcome {
+	if st.unarmed < unarmedPolls {
+		st.unarmed++
+		st.soon = true
+	}
+	return waitPace
+}
 
 // awaitBell waits for the release of the Mutex row by blocking on its
 // holder's doorbell (see doorbell.go), and tells waitFor what to do next
-// (see waitOutcome and bellState.judge).
+// (see waitOutcome and bellState.judge). Without a doorbell to block on
+// (the holder has none, or it is this session, holding the row under a
+// token it no longer knows until the reaper frees it; or the session's
+// waiting connection blocks for another name, or cannot be had) it paces
+// itself, keeping the claim that qLockWant gave it.
 func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	m, s, st := mw.m, mw.m.s, &w.bells
-	if !s.bell.usable() || time.Now().Before(st.pollUntil) {
+	if !s.bell.usable() {
 		return waitPoll
 	}
-	s.bell.arm() // waiters behind this one wait on its doorbell
+	s.bell.armWaiting() // waiters behind this one wait on its doorbell
 	if st.pace == 0 || time.Since(mw.wantedAt) >= paceCap {
 		// (A paced waiter said so less than paceCap ago, for longer than
 		// any block that may follow: nothing to renew.)
@@ -466,15 +480,16 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	if !block {
 		return out
 	}
-	if ref.gen == 0 && ref.id != s.id && mw.unarmed < unarmedPolls {
-		// The holder has no doorbell yet: it takes one right after its
-		// first acquisition, within a few milliseconds. Poll soon, a few
-		// times, before polling for pollFor.
-		mw.unarmed++
-		st.soon = true
-		return waitPace
-	}
 	mw.selfHeld = ref.id == s.id
+	switch {
+	case mw.selfHeld:
+		return waitPace
+	case ref.gen == 0:
+		// The holder has no doorbell yet: it takes one right after its
+		// first acquisition, within a few milliseconds; or it has none
+		// (no connection for one).
+		return st.unarmedPace()
+	}
 	most := bellWait
 	if mw.unwanted {
 		// The row was locked (a LockTx transaction, whose session rings
@@ -483,18 +498,5 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// need not ring. Block no longer than the pace's cap.
 		most = paceCap
 	}
-	out = waitPoll
-	if ref.gen != 0 && ref.id != s.id {
-		out = s.waiters.wait(ctx, ref, left, most, st, m.name, kindMutex)
-	} else {
-		st.pollUntil = time.Now().Add(pollFor)
-	}
-	if out == waitPoll {
-		// No doorbell to block on (the session has none, or it is this
-		// one, holding the row under a token it no longer knows, until the
-		// reaper frees it), or no connection: poll for a while, without
-		// the long claim of a doorbell waiter.
-		m.unclaim(ctx, false)
-	}
-	return out
+	return s.waiters.wait(ctx, s.done, ref, left, most, st, s.logger, m.name, kindMutex)
 }

@@ -38,15 +38,17 @@ func serverError(err error) bool {
 
 // retryable reports whether a failed lock statement may simply be tried
 // again: a deadlock (1213) rolled it back, a lock wait timeout (1205) ran
-// out behind another statement, or the connection failed (the session's
-// keep-alive decides when an outage has lasted too long). ErrOtherKind,
-// and other server errors, such as 1290 (read-only server) or a missing table, are
-// configuration facts and are returned to the caller.
+// out behind another statement, the server refused a connection (1040,
+// too many connections: a waiter tries again paced, see waitFor), or the
+// connection failed (the session's keep-alive decides when an outage has
+// lasted too long). ErrOtherKind, and other server errors, such as 1290
+// (read-only server) or a missing table, are configuration facts and are
+// returned to the caller.
 func retryable(err error) bool {
 	if !serverError(err) {
 		return !errors.Is(err, ErrOtherKind) // which no retry changes
 	}
-	return isErrNo(err, rolledBack...)
+	return isErrNo(err, rolledBack...) || isErrNo(err, errTooManyConnections)
 }
 
 // rolledBack are the server errors after which a single statement (or

@@ -23,9 +23,10 @@ type poolKey struct {
 }
 
 type sharedPool struct {
-	pool   *connpool.Pool
-	galera bool // the database is a Galera cluster node
-	refs   int  // sessions using it; guarded by pools' mutex
+	pool    *connpool.Pool
+	galera  bool        // the database is a Galera cluster node
+	waiters *bellWaiter // the waiter side of its sessions where the *sql.DB limits its connections (see bellWaiter)
+	refs    int         // sessions using it; guarded by pools' mutex
 }
 
 // poolSize is how many connections the sessions of db share (see Session)
@@ -45,10 +46,38 @@ func poolSize(db *sql.DB) (int, error) {
 	return min(max(limit/4, 2), maxConns), nil
 }
 
-// acquirePool returns the shared pool of db and prefix, counting a user,
-// and whether the database is a Galera cluster node. The first session of
-// a pool asks the server (see isGalera).
-func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, bool, error) {
+// bellsMinLimit is the smallest connection limit (SetMaxOpenConns) of a
+// *sql.DB on whose sessions waiters block on doorbells: below it, the
+// doorbells' connections would take too much of the caller's share, and
+// waiters poll.
+const bellsMinLimit = 8
+
+// bellsFit reports whether the sessions of db may use doorbells, as far
+// as its connection limit goes (see bellsMinLimit).
+func bellsFit(db *sql.DB) bool {
+	limit := db.Stats().MaxOpenConnections
+	return limit == 0 || limit >= bellsMinLimit
+}
+
+// dedicatedCap is the most connections of their own (doorbells, and the
+// connections waiters block on) that the sessions of db keep open at once
+// (connpool's LimitDedicated; 0: no cap): with a connection limit, a
+// quarter of it, at least 2, beside poolSize's quarter, so that dsync
+// never takes more than half of a limit of 8 and leaves the caller the
+// rest; a session that finds no room polls within the paced budget (see
+// doorbell.go).
+func dedicatedCap(db *sql.DB) int {
+	limit := db.Stats().MaxOpenConnections
+	if limit == 0 {
+		return 0
+	}
+	return max(limit/4, 2)
+}
+
+// acquirePool returns the shared pool of db and prefix, counting a user;
+// its galera field says whether the database is a Galera cluster node.
+// The first session of a pool asks the server (see isGalera).
+func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*sharedPool, error) {
 	k := poolKey{db, q.tables[0]}
 	pools.Lock()
 	sp := pools.m[k]
@@ -57,7 +86,7 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 	if sp == nil {
 		var err error
 		if galera, err = isGalera(ctx, db); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 	}
 	pools.Lock()
@@ -65,7 +94,7 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 	sp = pools.m[k]
 	size, err := poolSize(db)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	if sp != nil {
 		sp.pool.Resize(size)
@@ -84,6 +113,7 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 			eager = append(eager, int(sLeaseRenew))
 		}
 		sp = &sharedPool{pool: connpool.New(db, size, setup, q.prepared[:], eager...), galera: galera}
+		sp.waiters = newBellWaiter(sp.pool, true)
 		// Lock statements never use more than maxConns-1 connections; the
 		// rest serve renewals.
 		sp.pool.LimitNormal(maxConns - 1)
@@ -92,8 +122,9 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*connpool.Pool, b
 	// Where each session renews on a connection of its own, the pool keeps
 	// none for renewals.
 	sp.pool.KeepReserve(db.Stats().MaxOpenConnections != 0)
+	sp.pool.LimitDedicated(dedicatedCap(db))
 	sp.refs++
-	return sp.pool, sp.galera, nil
+	return sp, nil
 }
 
 // isGalera reports whether db is a Galera cluster node with replication on.
@@ -137,6 +168,7 @@ func releasePool(db *sql.DB, q *queries) {
 	sp := pools.m[k]
 	if sp.refs--; sp.refs == 0 {
 		delete(pools.m, k)
+		sp.waiters.stop() // its calls have gone with their sessions
 		sp.pool.Close()
 	} else if size, err := poolSize(db); err == nil {
 		sp.pool.Resize(size)

@@ -261,7 +261,20 @@ func (lq *localQueue) kickFront() {
 // left the local line. Without wait it returns no waiter and no error when
 // the lock was not free.
 func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
-	w, fence, err := s.enqueue(ctx, c, name, lq, mode, wait)
+	var w *waiter
+	var fence int64
+	_, err := s.waitFor(ctx, c, wait, &waitPolicy{
+		try: func(ctx context.Context, _ *waitState) (bool, error) {
+			var err error
+			w, fence, err = s.enqueue(ctx, c, name, lq, mode, wait)
+			if err != nil && !isErrNo(err, errTooManyConnections) {
+				return false, stopWait{err}
+			}
+			// A Lock whose enqueue found no connection (1040) tries
+			// again, paced (see waitFor).
+			return err == nil, err
+		},
+	})
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, 0, ctx.Err()
@@ -482,10 +495,10 @@ func (q *queued) wrap(op string, err error) error {
 // holder to free it, and tells the caller's loop what to do next, as
 // awaitBell does.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
-	if !s.bell.usable() || time.Now().Before(st.pollUntil) {
+	if !s.bell.usable() {
 		return waitPoll
 	}
-	s.bell.arm() // waiters behind this one wait on its doorbell
+	s.bell.arm() // waiters behind this one wait on its doorbell (tickets queue behind it)
 	seq, ref, left, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
@@ -495,9 +508,10 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	switch {
 	case !block:
 		return out
-	case ref.gen == 0 || ref.id == s.id:
-		st.pollUntil = time.Now().Add(pollFor)
-		return waitPoll
+	case ref.id == s.id:
+		return waitPace
+	case ref.gen == 0:
+		return st.unarmedPace() // see awaitBell
 	}
 	if seq != 0 {
 		// A ticket ahead: leave a marker, so that its release rings. (The
@@ -512,5 +526,5 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 			return waitTry // the ticket ahead went meanwhile
 		}
 	}
-	return s.waiters.wait(ctx, ref, left, bellWait, st, name, kindQueue)
+	return s.waiters.wait(ctx, s.done, ref, left, bellWait, st, s.logger, name, kindQueue)
 }

@@ -30,14 +30,17 @@ import (
 // delays a renewal and a renewal never waits for a connection; the
 // sessions of one *sql.DB (and table prefix) share at most 3 more for lock
 // statements, and each session that has locked or waited keeps a doorbell
-// connection, and up to 8 while waiting, kept idle for the next waits; and
+// connection, and one to wait on, however many names it waits for, kept
+// idle for the next waits; and
 // one per [Mutex.LockTx] hold in progress, blocked until its transaction
 // ends, of which it keeps up to 4 idle for the next holds (see
 // docs/OPERATIONS.md, Connections). With a limit, the sessions of one *sql.DB
 // share a quarter of it, at least 2 and at most 4, or 1 when the limit is
 // 2 or 3 (then renewals only go first: they may wait for one lock
-// statement); a limit of 1 leaves the caller nothing, and NewSession
-// refuses it. When there are two or more, one of them, once opened, is
+// statement), for lock statements and renewals; with a limit of 8 or
+// more, another quarter of it, at least 2, for the doorbells of the
+// sessions that hold locks and one connection that their waiters share;
+// a limit of 1 leaves the caller nothing, and NewSession refuses it. When there are two or more, one of them, once opened, is
 // kept warm for the sessions' renewals only (lock statements open their
 // own), and renewals go first. LockTx holds then take no connection of
 // their own: the session checks for their end on these. dsync pins what
@@ -47,7 +50,9 @@ import (
 // them (the session, or the last session of the pool, closed or lost, or a
 // connection in an unknown state). When the server refuses a connection
 // (1040, too many connections), NewSession and the calls that need one
-// return that error.
+// return that error, except a Lock that waits: it polls instead of
+// blocking on a doorbell, runs its statements on the session's lease
+// connection, and tries again, paced, until ctx ends.
 type Session struct {
 	store *store // the statement runner (see store.go)
 
@@ -68,8 +73,9 @@ type Session struct {
 	tickets   *tickets        // the queue's statements (see tickets.go)
 	stats     *counters       // see Stats; one for every lease of a Session made WithReplaceLostLease
 
-	bell    *doorbell   // this session's doorbell (see doorbell.go)
-	waiters *bellWaiter // blocks on other sessions' doorbells (see doorbell.go)
+	bell       *doorbell   // this session's doorbell (see doorbell.go)
+	waiters    *bellWaiter // blocks on other sessions' doorbells (see doorbell.go)
+	ownWaiters bool        // waiters is the session's own, not its shared pool's
 
 	mu     sync.Mutex
 	err    error                // guarded by mu; nil while live
@@ -136,7 +142,8 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 		done:    make(chan struct{}),
 		txHolds: newTxHolds(),
 	}
-	bellsAllowed := !st.galera && db.Stats().MaxOpenConnections == 0
+	bellsAllowed := !st.galera && bellsFit(db)
+	capped := db.Stats().MaxOpenConnections != 0
 	s.lease = newLease(st, o.ttl, s.stats, s.lose)
 	s.reaper = newReaper(st, o.ttl, s.free)
 	s.sweeper = newSweeper(st, &o)
@@ -164,8 +171,13 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 		return s.closed || s.err != nil
 	}
 	s.rows = &lockRows{st: st, id: s.id}
-	s.bell = newDoorbell(st, s.id, s.logger, s.stopped, bellsAllowed, s.rows.ringInStmt, ended)
-	s.waiters = newBellWaiter(st, s.logger, s.done)
+	s.bell = newDoorbell(st, s.id, s.logger, s.stopped, bellsAllowed, capped, s.rows.ringInStmt, ended)
+	// With a connection limit the sessions of the *sql.DB share one
+	// waiter side, and one connection to wait on (see bellWaiter).
+	s.waiters, s.ownWaiters = st.waiters, !capped
+	if s.ownWaiters {
+		s.waiters = newBellWaiter(st.pool, false)
+	}
 	s.rows.bell = s.bell
 	s.tickets = &tickets{st: st, id: s.id, bell: s.bell, createRow: s.createQueueRow}
 	go s.lease.keepAlive(s.stopped)
@@ -254,7 +266,9 @@ func (s *Session) lose(cause error) {
 	}) {
 		s.stop()
 		s.store.leaseConn.close() // after stop: a renewal on it ends at once
-		s.waiters.closeIdle()
+		if s.ownWaiters {
+			s.waiters.closeIdle()
+		}
 		s.txHolds.closeIdle()
 		s.store.releasePool()
 	}
@@ -289,7 +303,9 @@ func (s *Session) closeLease() error {
 	<-s.reaper.exited
 	s.txHolds.stop()
 	s.bell.stop()
-	s.waiters.closeIdle()
+	if s.ownWaiters {
+		s.waiters.stop()
+	}
 	<-s.sweeper.exited
 	defer s.store.releasePool()
 	defer s.store.leaseConn.close()

@@ -23,8 +23,9 @@ type store struct {
 	db        *sql.DB
 	q         *queries
 	pool      *connpool.Pool
-	leaseConn *leaseConn // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
-	galera    bool       // the database is a Galera cluster node (see qSyncWait)
+	leaseConn *leaseConn  // the session's own connection for its lease statements; nil: they use the pool's reserve (see acquirePool)
+	galera    bool        // the database is a Galera cluster node (see qSyncWait)
+	waiters   *bellWaiter // the shared pool's waiter side, for sessions on a *sql.DB with a connection limit
 	logger    *slog.Logger
 	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
 	release   sync.Once   // releases the session's share of the pool
@@ -38,11 +39,11 @@ type store struct {
 // shared pool of db and q's tables (see acquirePool), and its own lease
 // connection when db has no connection limit (see ownLeaseConn).
 func newStore(ctx context.Context, db *sql.DB, q *queries, logger *slog.Logger) (*store, error) {
-	pool, galera, err := acquirePool(ctx, db, q)
+	sp, err := acquirePool(ctx, db, q)
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db, q: q, pool: pool, leaseConn: ownLeaseConn(db), galera: galera, logger: logger}, nil
+	return &store{db: db, q: q, pool: sp.pool, leaseConn: ownLeaseConn(db), galera: sp.galera, waiters: sp.waiters, logger: logger}, nil
 }
 
 // releasePool releases the session's share of the shared pool, once.
@@ -101,6 +102,15 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 		return s.leaseConn.use(ctx, s.pool, f)
 	}
 	c, err := s.pool.Get(ctx, priority)
+	if err != nil && !priority && isErrNo(err, errTooManyConnections) {
+		// The server refuses connections (1040): a lock statement runs on
+		// the session's lease connection, so that sessions whose
+		// connections the server cannot open still make progress (a
+		// renewal may then wait for such statements).
+		if ran, err := s.leaseConn.useOpen(ctx, f); ran {
+			return err
+		}
+	}
 	if err != nil {
 		return err
 	}

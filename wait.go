@@ -99,8 +99,14 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			return false, ErrNotObtained
 		}
 		out := waitPoll
-		if err == nil && p.bell != nil {
+		switch {
+		case err == nil && p.bell != nil:
 			out = p.bell(ctx, &w)
+		case isErrNo(err, errTooManyConnections):
+			// The server refuses connections: try again paced, not at
+			// the back-off's pace, which would add a connection attempt
+			// every few milliseconds to a server that is full.
+			out = waitPace
 		}
 		switch {
 		case out == waitTry:

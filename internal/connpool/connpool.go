@@ -46,6 +46,9 @@ type Pool struct {
 	reserve   *Conn     // guarded by mu; an idle connection for priority users only
 	waiting   []*waiter // guarded by mu; priority waiters first, each FIFO
 	closed    bool      // guarded by mu; once true, Put discards what it is given
+
+	dedicatedMax int // guarded by mu; most connections from Dedicated open at once; 0: no cap (see LimitDedicated)
+	dedicated    int // guarded by mu; connections from Dedicated open or being opened
 }
 
 // waiter is a Get blocked until a connection, or room to open one, is
@@ -61,6 +64,7 @@ type Conn struct {
 	conn     *sql.Conn
 	stmts    []*sql.Stmt // indexed like Pool.queries; nil until first use
 	priority bool        // the current use is a priority one
+	counted  *Pool       // the pool whose count of dedicated connections c is in (see Dedicated); nil: none
 }
 
 // New returns a pool over db that opens at most size connections (at least
@@ -455,17 +459,70 @@ func (c *Conn) QueryContext(ctx context.Context, query string, args ...any) (*sq
 	return c.conn.QueryContext(ctx, query, args...)
 }
 
+// ErrNoRoom is returned by Dedicated when the pool's cap on dedicated
+// connections is reached (see [Pool.LimitDedicated]).
+var ErrNoRoom = errors.New("connpool: no room for another dedicated connection")
+
+// LimitDedicated caps the connections from Dedicated open at once (0: no
+// cap), so that they and the pool's own stay within a share of the
+// *sql.DB's connection limit. Connections open beyond a lowered cap stay
+// open until closed.
+func (p *Pool) LimitDedicated(n int) {
+	p.mu.Lock()
+	p.dedicatedMax = n
+	p.mu.Unlock()
+}
+
 // Dedicated opens a connection set up like the pool's, outside the pool's
-// count: the caller keeps it for as long as it likes (a connection that
+// own count: the caller keeps it for as long as it likes (a connection that
 // holds a named lock, or waits for one) and closes it with [Conn.Close].
-// Its statements are the pool's queries, prepared at first use.
+// Its statements are the pool's queries, prepared at first use. It returns
+// [ErrNoRoom] when the cap of [Pool.LimitDedicated] is reached.
 func (p *Pool) Dedicated(ctx context.Context) (*Conn, error) {
-	return p.connect(ctx)
+	return p.DedicatedSpare(ctx, 0)
+}
+
+// DedicatedSpare is Dedicated that also leaves spare connections of the
+// cap of [Pool.LimitDedicated] to others (the connections that waiters
+// block on, where the holders' doorbells would take them all).
+func (p *Pool) DedicatedSpare(ctx context.Context, spare int) (*Conn, error) {
+	p.mu.Lock()
+	if p.dedicatedMax > 0 && p.dedicated+spare >= p.dedicatedMax {
+		p.mu.Unlock()
+		return nil, ErrNoRoom
+	}
+	p.dedicated++
+	p.mu.Unlock()
+	c, err := p.connect(ctx)
+	if err != nil {
+		p.mu.Lock()
+		p.dedicated--
+		p.mu.Unlock()
+		return nil, err
+	}
+	c.counted = p
+	return c, nil
+}
+
+// DedicatedOpen returns how many connections from Dedicated are open or
+// being opened.
+func (p *Pool) DedicatedOpen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dedicated
 }
 
 // Close closes a connection from [Pool.Dedicated] without returning it to
 // the *sql.DB's pool.
-func (c *Conn) Close() { c.discard() }
+func (c *Conn) Close() {
+	if p := c.counted; p != nil {
+		c.counted = nil
+		p.mu.Lock()
+		p.dedicated--
+		p.mu.Unlock()
+	}
+	c.discard()
+}
 
 // Kept keeps dedicated connections (see [Pool.Dedicated]) for reuse by
 // one owner, with a cap on how many Get opens at once, idle or in use (Open

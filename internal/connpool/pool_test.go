@@ -335,3 +335,41 @@ func TestKeptOpenAndPutIdle(t *testing.T) {
 	k.Put(a, false)
 	k.Put(b, false)
 }
+
+// TestDedicatedCapped checks the cap on dedicated connections: Dedicated
+// returns ErrNoRoom once the cap's worth are open, and room again once
+// one is closed; Kept.Get then returns nil, opening nothing.
+func TestDedicatedCapped(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 2)
+	p.LimitDedicated(2)
+	a, err := p.Dedicated(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Dedicated(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Dedicated(ctx); !errors.Is(err, connpool.ErrNoRoom) {
+		t.Fatalf("third Dedicated with a cap of 2: got %v; want ErrNoRoom", err)
+	}
+	var k connpool.Kept
+	t.Cleanup(k.Close)
+	if c := k.Get(ctx, p, 5); c != nil {
+		t.Fatalf("Kept.Get with the cap reached: got %v; want nil", c)
+	}
+	if n := p.DedicatedOpen(); n != 2 {
+		t.Fatalf("DedicatedOpen: got %d; want 2", n)
+	}
+	a.Close()
+	c := k.Get(ctx, p, 5)
+	if c == nil {
+		t.Fatal("Kept.Get after a Close: got nil; want a connection")
+	}
+	k.Put(c, false)
+	b.Close()
+	if n := p.DedicatedOpen(); n != 0 {
+		t.Fatalf("DedicatedOpen after every Close: got %d; want 0", n)
+	}
+}
