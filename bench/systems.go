@@ -100,16 +100,21 @@ func (e *env) systems() []*system {
 			newSession: func(ctx context.Context) (session, error) { return newGetLockSession(ctx, dsn) }},
 	}
 	for _, k := range []struct {
-		key, name string
-		exclusive bool
+		key, kind, name string
+		exclusive       bool
+		maxOpen         int // SetMaxOpenConns of each session's *sql.DB; 0: no limit
 	}{
-		{"mutex", "dsync `Mutex`", true},
-		{"fair", "dsync `FairMutex`", true},
-		{"rw-writer", "dsync `RWMutex` writer (`Lock`)", true},
-		{"rw-reader", "dsync `RWMutex` reader (`RLock`)", false},
+		{"mutex", "mutex", "dsync `Mutex`", true, 0},
+		{"mutex-cap8", "mutex", "dsync `Mutex`, `SetMaxOpenConns(8)`", true, 8},
+		{"fair", "fair", "dsync `FairMutex`", true, 0},
+		{"fair-cap8", "fair", "dsync `FairMutex`, `SetMaxOpenConns(8)`", true, 8},
+		{"rw-writer", "rw-writer", "dsync `RWMutex` writer (`Lock`)", true, 0},
+		{"rw-reader", "rw-reader", "dsync `RWMutex` reader (`RLock`)", false, 0},
 	} {
 		list = append(list, &system{key: k.key, name: k.name, server: "mariadb", exclusive: k.exclusive,
-			newSession: func(ctx context.Context) (session, error) { return newDsyncSession(ctx, dsn, e.prefix, k.key) }})
+			newSession: func(ctx context.Context) (session, error) {
+				return newDsyncSessionCapped(ctx, dsn, e.prefix, k.kind, k.maxOpen)
+			}})
 	}
 	for i, r := range e.srv.redis {
 		for _, retry := range []struct {
@@ -160,10 +165,17 @@ func openDB(dsn string) (*sql.DB, error) {
 }
 
 func newDsyncSession(ctx context.Context, dsn, prefix, kind string, opts ...dsync.Option) (*dsyncSession, error) {
+	return newDsyncSessionCapped(ctx, dsn, prefix, kind, 0, opts...)
+}
+
+// newDsyncSessionCapped is newDsyncSession on a *sql.DB limited to maxOpen
+// connections (0: no limit), as production pools are.
+func newDsyncSessionCapped(ctx context.Context, dsn, prefix, kind string, maxOpen int, opts ...dsync.Option) (*dsyncSession, error) {
 	db, err := openDB(dsn)
 	if err != nil {
 		return nil, err
 	}
+	db.SetMaxOpenConns(maxOpen)
 	s, err := dsync.NewSession(ctx, db, append([]dsync.Option{dsync.WithTablePrefix(prefix)}, opts...)...)
 	if err != nil {
 		db.Close()
