@@ -406,3 +406,106 @@ func BenchmarkMutexDuringSweep(b *testing.B) {
 	}
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkMutexUncontendedBeside is the uncontended Mutex in the harness
+// of issue 19 §5, for each pool (no connection limit, SetMaxOpenConns(8)
+// and (32)): one session locks and unlocks a name nobody else uses, after
+// another session once waited for it and took it (try: "wait"), or only
+// failed a TryLock on it ("trylock"), in blocks of 100 pairs interleaved
+// with blocks of 100 pairs of the floor (BenchmarkBaselineInsertDelete's
+// INSERT and DELETE on a connection of their own), so that both see the
+// same load. It reports the median over the ops of the Mutex's block time
+// over the floor's (x-floor), and both times per pair; an op is one block
+// of each. Run it with
+// go test -run '^$' -bench MutexUncontendedBeside -benchtime 20x .
+func BenchmarkMutexUncontendedBeside(b *testing.B) {
+	const block = 100
+	ctx := context.Background()
+	fdb := dbtest.Open(b)
+	table := fmt.Sprintf("beside_%d", time.Now().UnixNano())
+	if _, err := fdb.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL)"); err != nil {
+		b.Fatal(err)
+	}
+	conn, err := fdb.Conn(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	ins, err := conn.PrepareContext(ctx, "INSERT INTO "+table+" (name, holder) VALUES (?, ?)")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ins.Close() })
+	del, err := conn.PrepareContext(ctx, "DELETE FROM "+table+" WHERE name = ? AND holder = ?")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { del.Close() })
+	for _, try := range []string{"wait", "trylock"} {
+		for _, limit := range []int{0, 8, 32} {
+			b.Run(fmt.Sprintf("%s/limit=%d", try, limit), func(b *testing.B) {
+				db := dbtest.Open(b)
+				db.SetMaxOpenConns(limit)
+				s, err := dsync.NewSession(ctx, db)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { s.Close() })
+				name := lockName(b)
+				m, other := dsync.NewMutex(s, name), dsync.NewMutex(newSession(b), name)
+				mustLock(b, m, ctx)
+				if try == "wait" {
+					got := make(chan error, 1)
+					go func() { got <- other.Lock(ctx) }()
+					time.Sleep(100 * time.Millisecond) // it waits
+					mustUnlock(b, m, ctx)
+					if err := <-got; err != nil {
+						b.Fatal(err)
+					}
+					mustUnlock(b, other, ctx)
+				} else {
+					if ok, err := other.TryLock(ctx); ok || err != nil {
+						b.Fatalf("TryLock of a held lock: got %v, %v; want false, nil", ok, err)
+					}
+					mustUnlock(b, m, ctx)
+				}
+				for range block { // warm the connections
+					mustLock(b, m, ctx)
+					mustUnlock(b, m, ctx)
+				}
+				var mutex, floor time.Duration
+				var ratios []float64
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					t0 := time.Now()
+					for range block {
+						if err := m.Lock(ctx); err != nil {
+							b.Fatal(err)
+						}
+						if err := m.Unlock(ctx); err != nil {
+							b.Fatal(err)
+						}
+					}
+					t1 := time.Now()
+					for range block {
+						if _, err := ins.ExecContext(ctx, name, 1); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := del.ExecContext(ctx, name, 1); err != nil {
+							b.Fatal(err)
+						}
+					}
+					t2 := time.Now()
+					mutex += t1.Sub(t0)
+					floor += t2.Sub(t1)
+					ratios = append(ratios, float64(t1.Sub(t0))/float64(t2.Sub(t1)))
+				}
+				b.StopTimer()
+				slices.Sort(ratios)
+				b.ReportMetric(ratios[len(ratios)/2], "x-floor")
+				b.ReportMetric(float64(mutex.Microseconds())/float64(b.N*block), "mutex-us/pair")
+				b.ReportMetric(float64(floor.Microseconds())/float64(b.N*block), "floor-us/pair")
+			})
+		}
+	}
+}

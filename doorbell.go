@@ -21,8 +21,9 @@ import (
 // its own, whose generation it publishes in its lease row (lease.bell). A
 // waiter says that it waits (lock.wanted_until, qLockWant), reads who holds
 // the lock and that session's doorbell (qLockBell), and blocks in GET_LOCK
-// on it (qBellWait). A release that finds wanted_until current (qLockRelease)
-// rings: the releaser takes the next generation and lets the current one go
+// on it (qBellWait). A release that finds wanted_until current, and a want
+// since the row was acquired (waiter <> 0, see qCreateLock), rings
+// (qLockRelease): the releaser takes the next generation and lets the current one go
 // (qBellRing), which wakes every waiter blocked on it, and then publishes
 // the next generation. A Mutex release that finds the doorbell's connection
 // free runs there and rings inside its own statement (qLockReleaseRing,
@@ -37,7 +38,12 @@ import (
 // comes after rings the generation it read or a later one, and a waiter
 // that blocks on a generation already rung (the next one is published
 // after the ring, so a waiter may read one that has rung) gets it at
-// once. Every path
+// once. An acquisition voids the Mutex row's wants (waiter 0), so that
+// the uncontended holds after a wait ring nothing: a waiter whose read
+// finds its want voided (an acquisition came between the two) says it
+// again before it blocks, and a claimant that acquires leaves waiter -1,
+// so that its release rings for those that read it as the claimant.
+// Every path
 // that frees a row or ticket rings (Unlock, the reaper, undo, Close's
 // clean-up, ForceRelease, which closes the holder's doorbell connection),
 // and so does a claimant that gives up (also when its claim was taken

@@ -46,11 +46,11 @@ func (r *lockRows) acquireRow(ctx context.Context, name string, token int64, mod
 	var res sql.Result
 	switch mode {
 	case rowFast:
-		res, err = r.st.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, r.id, token, name, r.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, r.id, token, r.id, name, r.id)
 	case rowWoken:
-		res, err = r.st.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, r.id, token, name, r.id)
+		res, err = r.st.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, r.id, token, r.id, name, r.id)
 	default:
-		res, err = r.st.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, r.id, token, r.id, -r.id, token, r.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, r.id, token, r.id, -r.id, token, r.id, r.id)
 	}
 	if isErrNo(err, errLockWaitTimeout) {
 		return 0, false, nil // a transaction holds it (LockTx)
@@ -131,17 +131,18 @@ func (r *lockRows) ringInStmt() stmtIndex {
 
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
 // that session's doorbell, how long its lease has left in microseconds,
-// and the row's fence (0 when the row is missing); sql.ErrNoRows when
+// the row's fence (0 when the row is missing), and whether a want is
+// recorded since the row was last acquired (wanted); sql.ErrNoRows when
 // nobody live holds or claimed the row.
-func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, err error) {
+func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, wanted bool, err error) {
 	var id, gen, until sql.NullInt64
 	err = r.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until)
+		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until, &wanted)
 	})
 	if err == nil && !id.Valid {
 		err = sql.ErrNoRows
 	}
-	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, err
+	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, wanted, err
 }
 
 // claimRow claims the next hold of the Mutex row name for this session
@@ -173,7 +174,7 @@ func (r *lockRows) wantRow(ctx context.Context, name string, want, waited time.D
 // or claimed by a live waiter of another session, now (a plain read: it
 // never waits for a transaction's row lock).
 func (r *lockRows) lockTaken(ctx context.Context, name string) (bool, error) {
-	_, _, _, err := r.lockBell(ctx, name)
+	_, _, _, _, err := r.lockBell(ctx, name)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

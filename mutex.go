@@ -460,21 +460,40 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		return waitPoll
 	}
 	s.bell.armWaiting() // waiters behind this one wait on its doorbell
-	if st.pace == 0 || time.Since(mw.wantedAt) >= paceCap {
-		// (A paced waiter said so less than paceCap ago, for longer than
-		// any block that may follow: nothing to renew.)
-		mw.wanted, mw.wantedAt = true, time.Now()
-		err := s.rows.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
-		mw.unwanted = isErrNo(err, errLockWaitTimeout)
-		if err != nil && !mw.unwanted {
+	var (
+		ref         bellRef
+		left, fence int64
+		wanted      bool
+		err         error
+		want        = st.pace == 0 || time.Since(mw.wantedAt) >= paceCap
+	)
+	// (A paced waiter said so less than paceCap ago, for longer than any
+	// block that may follow: nothing to renew.) A want that an
+	// acquisition voided before the read (see qLockBell) is said again,
+	// once: it would not make the holder ring.
+	for again := 0; again < 2; again++ {
+		if want {
+			mw.wanted, mw.wantedAt = true, time.Now()
+			err := s.rows.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
+			mw.unwanted = isErrNo(err, errLockWaitTimeout)
+			if err != nil && !mw.unwanted {
+				s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
+				return waitPace
+			}
+		}
+		ref, left, fence, wanted, err = s.rows.lockBell(ctx, m.name)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 			return waitPace
 		}
-	}
-	ref, left, fence, err := s.rows.lockBell(ctx, m.name)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
-		return waitPace
+		if err != nil || wanted || mw.unwanted {
+			break
+		}
+		if again == 1 {
+			// The lock changed hands twice meanwhile: try it again.
+			return waitTry
+		}
+		want = true
 	}
 	ref, block, out := st.judge(err == nil, ref, fence)
 	if !block {

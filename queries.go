@@ -58,7 +58,16 @@ const (
 	// releaser, back at once, does not win it from waiters that slept.
 	//
 	// wanted_until (server UTC) says that sessions wait for the lock until
-	// then: a release before it rings the holder's doorbell (see doorbell.go).
+	// then: a release before it rings the holder's doorbell (see
+	// doorbell.go), when waiter <> 0 too. waiter is 0 only between an
+	// acquisition and the next want (every want sets it when nobody claims
+	// the row), -1 when sessions wanted the lock but none claims it: a
+	// claimant that gave up (qLockUnclaim), or one that acquired the row
+	// (sessions that read it as the claimant may block on its doorbell;
+	// an acquisition by any other session sets 0). So a release rings only
+	// when a session said that it waits since the row was acquired, or
+	// may wait on the claimant that acquired it; a session that waited
+	// once leaves nothing for the uncontended holds that follow to ring.
 	//
 	// idle_since and idle_fence are the sweep's mark (see qLockSweepMark):
 	// when a sweep pass found the row free, and its fence then. Lock
@@ -276,18 +285,21 @@ WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 const (
 	// qLockAcquireFast takes a lock row that exists, is free and is not
 	// claimed by another waiter in one cheap statement: no subquery, no
-	// insert. Args: lease id, token, name, lease id. LastInsertId is the new
+	// insert. Args: lease id, token, lease id, name, lease id. (waiter
+	// becomes -1 when the row was this session's claim, else 0: see
+	// wanted_until.) LastInsertId is the new
 	// fence when the lock was taken, 0 otherwise (no row, a holder that may
 	// be live, or a claim that may be stale: then qLockAcquire decides).
 	// A row of the queued locks' name (kind 1) is never taken: qLockAcquire
 	// then reports it.
-	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = 0
-WHERE name = ? AND holder = 0 AND (waiter = 0 OR waiter = ?) AND kind = 0`
+	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(waiter = ?, -1, 0)
+WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
 	// statement, whatever state the row is in, unless another waiter's claim
 	// on it (see qCreateLock) is current. Args: name, lease id, token, lease
-	// id, -lease id, token, lease id.
+	// id, -lease id, token, lease id, lease id. (waiter, as in
+	// qLockAcquireFast.)
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
 	// lease holds it, otherKind when the name is the queued locks' (kind 1,
@@ -319,7 +331,7 @@ ON DUPLICATE KEY UPDATE
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(kind * ` + otherKindSQL + `)),
   token = IF(holder < 0, ?, token),
-  waiter = IF(holder < 0, 0, waiter),
+  waiter = IF(holder < 0, IF(waiter = ?, -1, 0), waiter),
   holder = IF(holder < 0, ?, holder)`
 
 	// qLockClaim claims the next hold of a lock for a session that has
@@ -328,19 +340,23 @@ ON DUPLICATE KEY UPDATE
 	// length in microseconds, name, lease id. A claim is only a courtesy
 	// between waiters: mutual exclusion never depends on it.
 	qLockClaim = `UPDATE {lock} SET waiter = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE name = ? AND (waiter = 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6))`
+WHERE name = ? AND (waiter <= 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6))`
 
-	// qLockUnclaim drops the session's claim when it stops waiting.
-	// Args: name, lease id.
-	qLockUnclaim = `UPDATE {lock} SET waiter = 0 WHERE name = ? AND waiter = ?`
+	// qLockUnclaim drops the session's claim when it stops waiting,
+	// leaving waiter -1: sessions wanted the lock since it was last
+	// acquired (see wanted_until). Args: name, lease id. RowsAffected 1:
+	// it dropped a claim (every matched row is changed).
+	qLockUnclaim = `UPDATE {lock} SET waiter = -1 WHERE name = ? AND waiter = ?`
 
 	// qLockRelease frees a lock row if, and only if, it is still held by
 	// this acquisition. Idempotent, so it also undoes an acquire whose
 	// outcome is unknown. Args: name, lease id, token. RowsAffected 1: freed;
 	// 0: this acquisition did not hold it (never landed, or lost).
 	// LastInsertId 1 when it freed the row while sessions wait for it
-	// (wanted_until): the releaser then rings its doorbell.
-	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(wanted_until > UTC_TIMESTAMP(6))
+	// (wanted_until, and waiter <> 0: one said so during this hold, or
+	// before it and was then woken, see qLockBell): the releaser then
+	// rings its doorbell.
+	qLockRelease = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(wanted_until > UTC_TIMESTAMP(6) AND waiter <> 0)
 WHERE name = ? AND holder = ? AND token = ?`
 
 	// qLockReleaseRing is qLockRelease on the connection that holds the
@@ -359,7 +375,7 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// and a ring lets it go once. (A statement rolled back after its SET
 	// ran, and run again, would take it twice; an UPDATE of one row by its
 	// key waits for the row, and is rolled back, before that.)
-	qLockReleaseRing = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
+	qLockReleaseRing = `UPDATE {lock} SET holder = 0, token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6) AND waiter <> 0,
     1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
 WHERE name = ? AND holder = ? AND token = ?`
 
@@ -390,11 +406,15 @@ WHERE name = ?`
 	// longer knows (then it polls), and how long that session's lease has left in microseconds
 	// (a waiter blocks no longer: a holder that stopped renewing, paused or
 	// cut off, never rings); first, the row's fence, which tells the
-	// waiter whether anyone acquired it since its last read. Args: lease
+	// waiter whether anyone acquired it since its last read; last, whether
+	// a want is recorded since the row was last acquired (waiter <> 0; see
+	// wanted_until): a waiter that said it waits and finds none recorded
+	// lost its want to an acquisition that came after it, and says it
+	// again before it blocks. Args: lease
 	// id, name. No row: the lock has no row. NULL id: nobody live has the
 	// lock or a claim on it; try to take it at once. bell 0: that session
 	// has no doorbell; poll.
-	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) FROM {lock} k LEFT JOIN {lease} l
+	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0 FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
      AND l.expires_at > UTC_TIMESTAMP(6)
 WHERE k.name = ?
@@ -960,7 +980,7 @@ WHERE name > ? AND name <= ? AND ` + queueMarkable
 // and ticket tables, whose subqueries take shared locks, meets no row in
 // use but in a race with such a creation.
 const (
-	lockFree = `(waiter = 0 OR claimed_until < UTC_TIMESTAMP(6))
+	lockFree = `(waiter <= 0 OR claimed_until < UTC_TIMESTAMP(6))
   AND (holder = 0 OR NOT EXISTS (SELECT 1 FROM {lease} l
                                  WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)))
   AND (kind = 0 OR NOT (EXISTS (SELECT 1 FROM {queue} kq WHERE kq.name = {lock}.name)
