@@ -306,9 +306,10 @@ func (b *doorbell) drop() {
 // and publishes it.
 func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) {
 	// With a connection limit, the doorbells of the sessions of the
-	// *sql.DB leave one connection of dsync's share for waiting.
+	// *sql.DB leave one connection of dsync's share for waiting, unless
+	// their waiter side has it already.
 	spare := 0
-	if b.capped {
+	if b.capped && b.store.waiters.conns.Count() == 0 {
 		spare = 1
 	}
 	c, err := b.store.pool.DedicatedSpare(ctx, spare)
@@ -426,6 +427,42 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 		b.nudge()
 	}
 	return ran
+}
+
+// lend runs f, a lock statement of the session (see store.use), on the
+// doorbell's connection when it is free, under ctx, and reports whether
+// it ran it: not when the doorbell is not armed or taken, its connection
+// is in use (the goroutine, a ring, another statement) or was dropped by
+// the server while idle, or the session is ending. So a session keeps no
+// connection of the pool's for its statements while it has a doorbell
+// (at rest: its lease connection and its doorbell's; see
+// docs/OPERATIONS.md, Connections), and an uncontended Lock and its
+// Unlock run on the same connection. A use that did not end cleanly (ctx
+// ended, or an error that did not come from the server) drops the
+// connection, and with it the doorbell: its waiters wake, find nothing
+// changed, and block on the next generation (see judge). A statement
+// that waits for a row lock (a release behind a LockTx transaction)
+// holds up the session's rings meanwhile: they are sent when it ends.
+func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
+	if !b.armed.Load() || ctx.Err() != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
+		return false, nil
+	}
+	defer b.mu.Unlock()
+	if b.c == nil {
+		return false, nil
+	}
+	if !b.c.Alive(ctx) {
+		b.lose()
+		return false, nil
+	}
+	err := f(ctx, b.c)
+	if ctx.Err() != nil || !connpool.Reusable(err) {
+		b.lose() // the driver may have closed it, or the statement may still run
+	}
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
+		b.nudge()
+	}
+	return true, err
 }
 
 // lose drops the doorbell's connection (b.mu held), which lets its
@@ -590,6 +627,10 @@ type bellWaiter struct {
 	cur     *bellBlock     // guarded by mu; the block in progress or being started; nil: none
 	stopped bool           // guarded by mu; stop was called: no block starts
 	blocks  sync.WaitGroup // the blocks' goroutines; Add only under mu while not stopped
+	idleAt  time.Time      // guarded by mu; when the connection was last kept idle
+	refused time.Time      // guarded by mu; until then no connection is opened: the server refused one (1040)
+	backoff time.Duration  // guarded by mu; the last wait after a refusal; 0: the last open succeeded
+	idle    *time.Timer    // guarded by mu; closes the connection kept idle for poolIdleFor (see put)
 }
 
 // bellBlock is one block on a doorbell, shared by the calls that wait for
@@ -639,11 +680,66 @@ func (w *bellWaiter) get(ctx context.Context, done <-chan struct{}) *connpool.Co
 		ctx, stop = context.WithTimeout(ctx, pollFor)
 		defer stop()
 	}
-	return w.conns.Get(ctx, w.pool, bellWaiters)
+	w.mu.Lock()
+	refused := time.Now().Before(w.refused)
+	w.mu.Unlock()
+	if refused {
+		if c := w.conns.Idle(); c != nil {
+			return c
+		}
+		return nil
+	}
+	c, err := w.conns.GetErr(ctx, w.pool, bellWaiters)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case isErrNo(err, errTooManyConnections):
+		// The server is out of connections: its sessions' waiters poll
+		// (connPace) and try to open one again less and less often, not
+		// at each poll.
+		w.backoff = min(max(2*w.backoff, connPace), bellWait)
+		w.refused = time.Now().Add(w.backoff)
+	case c != nil:
+		w.backoff = 0
+	}
+	return c
 }
 
-// put keeps c for the next waiter when keep is set, else closes it.
-func (w *bellWaiter) put(c *connpool.Conn, keep bool) { w.conns.Put(c, keep) }
+// put keeps c for the next waiter when keep is set, else closes it. A
+// connection kept idle for poolIdleFor is closed: a session keeps one to
+// wait on only while it waits, and for the waits that follow soon.
+func (w *bellWaiter) put(c *connpool.Conn, keep bool) {
+	w.conns.Put(c, keep)
+	if !keep {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.idleAt = time.Now()
+	if w.idle == nil && !w.stopped {
+		w.idle = time.AfterFunc(poolIdleFor, w.closeUnused)
+	}
+}
+
+// closeUnused closes the connection kept idle when it has been so for
+// poolIdleFor, or looks again when it will have been.
+func (w *bellWaiter) closeUnused() {
+	w.mu.Lock()
+	w.idle = nil
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	if wait := poolIdleFor - time.Since(w.idleAt); wait > 0 {
+		w.idle = time.AfterFunc(wait, w.closeUnused)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	if c := w.conns.Idle(); c != nil {
+		w.conns.Put(c, false)
+	}
+}
 
 // closeIdle closes the idle connections (the session has ended; those in
 // use are closed when put back).
@@ -654,6 +750,10 @@ func (w *bellWaiter) closeIdle() { w.conns.Close() }
 func (w *bellWaiter) stop() {
 	w.mu.Lock()
 	w.stopped = true
+	if w.idle != nil {
+		w.idle.Stop()
+		w.idle = nil
+	}
 	w.mu.Unlock()
 	w.closeIdle()
 	w.blocks.Wait()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
 )
@@ -45,6 +46,14 @@ func poolSize(db *sql.DB) (int, error) {
 	}
 	return min(max(limit/4, 2), maxConns), nil
 }
+
+// poolIdleFor is how long the shared pool of a *sql.DB keeps a
+// connection that nobody uses (but the one it keeps for renewals on a
+// *sql.DB with a connection limit): its sessions run
+// their lock statements on their doorbells' connections when these are
+// free (see doorbell.lend), so that the pool serves bursts, and a session
+// keeps 2 connections at rest (see docs/OPERATIONS.md, Connections).
+const poolIdleFor = time.Second
 
 // bellsMinLimit is the smallest connection limit (SetMaxOpenConns) of a
 // *sql.DB on whose sessions waiters block on doorbells: below it, the
@@ -120,8 +129,11 @@ func acquirePool(ctx context.Context, db *sql.DB, q *queries) (*sharedPool, erro
 		pools.m[k] = sp
 	}
 	// Where each session renews on a connection of its own, the pool keeps
-	// none for renewals.
+	// none for renewals. Every pool closes what it does not use (but the
+	// reserve): its sessions run their statements on their doorbells'
+	// connections first.
 	sp.pool.KeepReserve(db.Stats().MaxOpenConnections != 0)
+	sp.pool.CloseIdleAfter(poolIdleFor)
 	sp.pool.LimitDedicated(dedicatedCap(db))
 	sp.refs++
 	return sp, nil

@@ -27,11 +27,14 @@ import (
 // When the *sql.DB has no connection limit (SetMaxOpenConns), each session
 // keeps a connection of its own for its lease (opened by NewSession, with
 // the renewal prepared, before it returns), so that lock traffic never
-// delays a renewal and a renewal never waits for a connection; the
-// sessions of one *sql.DB (and table prefix) share at most 3 more for lock
-// statements, and each session that has locked or waited keeps a doorbell
-// connection, and one to wait on, however many names it waits for, kept
-// idle for the next waits; and
+// delays a renewal and a renewal never waits for a connection; each
+// session that has locked or waited keeps a doorbell connection, on which
+// it also runs its lock statements when it is free; the sessions of one
+// *sql.DB (and table prefix) share at most 3 more for the lock statements
+// that find it busy, each closed after a second unused; a session that
+// waits takes one more to wait on, however many names it waits for,
+// closed a second after its last wait; so a session keeps 2 at rest and 3
+// while it waits; and
 // one per [Mutex.LockTx] hold in progress, blocked until its transaction
 // ends, of which it keeps up to 4 idle for the next holds (see
 // docs/OPERATIONS.md, Connections). With a limit, the sessions of one *sql.DB
@@ -179,6 +182,7 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 		s.waiters = newBellWaiter(st.pool, false)
 	}
 	s.rows.bell = s.bell
+	st.lend = s.bell.lend
 	s.tickets = &tickets{st: st, id: s.id, bell: s.bell, createRow: s.createQueueRow}
 	go s.lease.keepAlive(s.stopped)
 	go s.reaper.reap()

@@ -27,6 +27,10 @@ type store struct {
 	galera    bool        // the database is a Galera cluster node (see qSyncWait)
 	waiters   *bellWaiter // the shared pool's waiter side, for sessions on a *sql.DB with a connection limit
 	logger    *slog.Logger
+	// lend runs a lock statement on the session's doorbell connection
+	// when it is free (doorbell.lend), and reports whether it did; set by
+	// the session before its first lock statement; nil: none.
+	lend      func(context.Context, func(context.Context, *connpool.Conn) error) (bool, error)
 	noWaitOff atomic.Bool // the server refused the no-wait statements (see noWait)
 	release   sync.Once   // releases the session's share of the pool
 
@@ -96,10 +100,17 @@ func (s *store) withConn(ctx context.Context, priority bool, f func(context.Cont
 }
 
 // use runs f on a connection from the pool under ctx and puts it back, or,
-// for a lease statement, on the session's own connection when it has one.
+// for a lease statement, on the session's own connection when it has one,
+// or, for a lock statement, on the session's doorbell connection when it
+// is free (see doorbell.lend).
 func (s *store) use(ctx context.Context, priority bool, f func(context.Context, *connpool.Conn) error) error {
 	if priority && s.leaseConn != nil {
 		return s.leaseConn.use(ctx, s.pool, f)
+	}
+	if !priority && s.lend != nil {
+		if ran, err := s.lend(ctx, f); ran {
+			return err
+		}
 	}
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil && !priority && isErrNo(err, errTooManyConnections) {

@@ -49,6 +49,13 @@ type Pool struct {
 
 	dedicatedMax int // guarded by mu; most connections from Dedicated open at once; 0: no cap (see LimitDedicated)
 	dedicated    int // guarded by mu; connections from Dedicated open or being opened
+
+	refusedUntil time.Time     // guarded by mu; until then Get opens no connection for a non-priority user: the server refused one (1040)
+	refusedErr   error         // guarded by mu; the server's refusal, which Get returns meanwhile
+	refusedWait  time.Duration // guarded by mu; the last such wait; 0: the last connection opened
+
+	idleFor   time.Duration // guarded by mu; an idle connection is closed after this long; 0: never (see CloseIdleAfter)
+	idleTimer *time.Timer   // guarded by mu; runs closeIdle while connections are idle and idleFor is set
 }
 
 // waiter is a Get blocked until a connection, or room to open one, is
@@ -65,6 +72,7 @@ type Conn struct {
 	stmts    []*sql.Stmt // indexed like Pool.queries; nil until first use
 	priority bool        // the current use is a priority one
 	counted  *Pool       // the pool whose count of dedicated connections c is in (see Dedicated); nil: none
+	idleAt   time.Time   // when it was last put back idle (see CloseIdleAfter)
 }
 
 // New returns a pool over db that opens at most size connections (at least
@@ -192,6 +200,14 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 		p.mu.Unlock()
 		return nil, ErrClosed
 	}
+	if !priority && p.open < p.size && time.Now().Before(p.refusedUntil) {
+		// The server refused the last connection (too many connections):
+		// a non-priority user is told so at once, for a while, instead of
+		// each opening one more to be refused.
+		err := p.refusedErr
+		p.mu.Unlock()
+		return nil, err
+	}
 	if (priority || p.normal < p.normalCap()) && p.open < p.size {
 		p.open++
 		p.count(priority, 1)
@@ -256,17 +272,35 @@ func (p *Pool) Get(ctx context.Context, priority bool) (*Conn, error) {
 // and by count; on failure it gives the slot back.
 func (p *Pool) dial(ctx context.Context, priority bool) (*Conn, error) {
 	c, err := p.connect(ctx)
+	p.mu.Lock()
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == tooManyConnections:
+		p.refusedWait = min(max(2*p.refusedWait, refusedMin), refusedMax)
+		p.refusedUntil, p.refusedErr = time.Now().Add(p.refusedWait), err
+	case err == nil:
+		p.refusedWait = 0
+	}
 	if err != nil {
-		p.mu.Lock()
 		p.open--
 		p.count(priority, -1)
 		p.dispatchLocked()
 		p.mu.Unlock()
 		return nil, err
 	}
+	p.mu.Unlock()
 	c.priority = priority
 	return c, nil
 }
+
+// After the server refuses a connection (tooManyConnections), Get opens
+// none for non-priority users for refusedMin, doubling while the server
+// goes on refusing, up to refusedMax.
+const (
+	tooManyConnections = 1040
+	refusedMin         = 100 * time.Millisecond
+	refusedMax         = 2 * time.Second
+)
 
 func (p *Pool) connect(ctx context.Context) (*Conn, error) {
 	conn, err := p.db.Conn(ctx)
@@ -353,10 +387,56 @@ func (p *Pool) Put(c *Conn, err error) {
 	if p.needReserve() {
 		p.reserve = c
 	} else {
+		c.idleAt = time.Now()
 		p.idle = append(p.idle, c)
+		if p.idleFor > 0 && p.idleTimer == nil {
+			p.idleTimer = time.AfterFunc(p.idleFor, p.closeIdle)
+		}
 	}
 	p.dispatchLocked()
 	p.mu.Unlock()
+}
+
+// CloseIdleAfter makes the pool close a connection that has sat idle (not
+// the reserve) for d; 0, the default, keeps idle connections open. A
+// pool whose users have connections of their own to run statements on
+// first keeps only what their bursts need.
+func (p *Pool) CloseIdleAfter(d time.Duration) {
+	p.mu.Lock()
+	p.idleFor = d
+	if d > 0 && len(p.idle) > 0 && p.idleTimer == nil && !p.closed {
+		p.idleTimer = time.AfterFunc(d, p.closeIdle)
+	}
+	p.mu.Unlock()
+}
+
+// closeIdle closes the connections idle for idleFor or longer, and runs
+// again when the oldest of the others is due.
+func (p *Pool) closeIdle() {
+	p.mu.Lock()
+	p.idleTimer = nil
+	if p.closed || p.idleFor <= 0 {
+		p.mu.Unlock()
+		return
+	}
+	// idle is kept in the order connections were put back, and Get takes
+	// the newest: the oldest come first.
+	now := time.Now()
+	n := 0
+	for n < len(p.idle) && now.Sub(p.idle[n].idleAt) >= p.idleFor {
+		n++
+	}
+	drop := append([]*Conn(nil), p.idle[:n]...)
+	p.idle = append(p.idle[:0], p.idle[n:]...)
+	p.open -= n
+	if len(p.idle) > 0 {
+		p.idleTimer = time.AfterFunc(p.idle[0].idleAt.Add(p.idleFor).Sub(now), p.closeIdle)
+	}
+	p.dispatchLocked()
+	p.mu.Unlock()
+	for _, c := range drop {
+		c.discard()
+	}
 }
 
 // needReserve reports whether a connection put back should be kept for
@@ -371,6 +451,10 @@ func (p *Pool) needReserve() bool {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true
+	if p.idleTimer != nil {
+		p.idleTimer.Stop()
+		p.idleTimer = nil
+	}
 	idle := p.idle
 	if p.reserve != nil {
 		idle = append(idle, p.reserve)
@@ -485,6 +569,10 @@ func (p *Pool) Dedicated(ctx context.Context) (*Conn, error) {
 // DedicatedSpare is Dedicated that also leaves spare connections of the
 // cap of [Pool.LimitDedicated] to others (the connections that waiters
 // block on, where the holders' doorbells would take them all).
+//
+// It takes an idle connection of the pool's own (not the reserve), when
+// there is one, instead of opening a new one: it leaves the pool's count
+// for the dedicated one.
 func (p *Pool) DedicatedSpare(ctx context.Context, spare int) (*Conn, error) {
 	p.mu.Lock()
 	if p.dedicatedMax > 0 && p.dedicated+spare >= p.dedicatedMax {
@@ -492,7 +580,21 @@ func (p *Pool) DedicatedSpare(ctx context.Context, spare int) (*Conn, error) {
 		return nil, ErrNoRoom
 	}
 	p.dedicated++
+	var adopted *Conn
+	if n := len(p.idle); n > 0 && !p.closed {
+		adopted = p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.open--
+		p.dispatchLocked() // room for a waiter of the pool to open one
+	}
 	p.mu.Unlock()
+	if adopted != nil {
+		if adopted.Alive(ctx) {
+			adopted.counted = p
+			return adopted, nil
+		}
+		adopted.discard() // the server or the network closed it while idle
+	}
 	c, err := p.connect(ctx)
 	if err != nil {
 		p.mu.Lock()
@@ -539,20 +641,27 @@ type Kept struct {
 // dedicated connections while fewer than most are open. It returns nil
 // when most are open, after Close, or when none can be opened.
 func (k *Kept) Get(ctx context.Context, p *Pool, most int) *Conn {
+	c, _ := k.GetErr(ctx, p, most)
+	return c
+}
+
+// GetErr is Get that also returns the error of a connection it could not
+// open (nil when it opened none: most are open, or after Close).
+func (k *Kept) GetErr(ctx context.Context, p *Pool, most int) (*Conn, error) {
 	k.mu.Lock()
 	if k.closed {
 		k.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if n := len(k.idle); n > 0 {
 		c := k.idle[n-1]
 		k.idle = k.idle[:n-1]
 		k.mu.Unlock()
-		return c
+		return c, nil
 	}
 	if k.open >= most {
 		k.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	k.open++
 	k.mu.Unlock()
@@ -561,9 +670,17 @@ func (k *Kept) Get(ctx context.Context, p *Pool, most int) *Conn {
 		k.mu.Lock()
 		k.open--
 		k.mu.Unlock()
-		return nil
+		return nil, err
 	}
-	return c
+	return c, nil
+}
+
+// Count returns how many connections from Get and Open are open, idle or
+// in use.
+func (k *Kept) Count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.open
 }
 
 // InUse returns how many connections from Get have not been put back.

@@ -373,3 +373,54 @@ func TestDedicatedCapped(t *testing.T) {
 		t.Fatalf("DedicatedOpen after every Close: got %d; want 0", n)
 	}
 }
+
+// TestCloseIdleAfter checks that a pool told to close idle connections
+// does so once they have sat idle that long, but keeps the reserve, and
+// that Dedicated takes an idle connection of the pool instead of opening
+// one (the same connection: its server id stays).
+func TestCloseIdleAfter(t *testing.T) {
+	ctx := context.Background()
+	_, p := newPool(t, 3)
+	p.CloseIdleAfter(200 * time.Millisecond)
+	var cs []*connpool.Conn
+	for range 2 {
+		c, err := p.Get(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	r, err := p.Get(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		p.Put(c, nil)
+	}
+	p.Put(r, nil) // the reserve
+	if got := p.Open(); got != 3 {
+		t.Fatalf("open right after the connections were put back: got %d; want 3", got)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if got := p.Open(); got != 1 {
+		t.Fatalf("open after the idle ones sat idle past the limit: got %d; want 1 (the reserve)", got)
+	}
+
+	c, err := p.Get(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := queryString(t, ctx, p, c, 1)
+	p.Put(c, nil)
+	d, err := p.Dedicated(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := queryString(t, ctx, p, d, 1); got != id {
+		t.Fatalf("connection id of Dedicated with an idle connection in the pool: got %s; want %s (the idle one)", got, id)
+	}
+	if got, ded := p.Open(), p.DedicatedOpen(); got != 1 || ded != 1 {
+		t.Fatalf("open and dedicated after Dedicated took the idle connection: got %d and %d; want 1 and 1", got, ded)
+	}
+}

@@ -1,0 +1,219 @@
+package dsync_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// userDSN creates a server user of the test's own, allowed everything in
+// the test database, and returns a DSN of the test database for it, so
+// that the connections of a *sql.DB opened with it can be counted on the
+// server (information_schema.PROCESSLIST, by user). The user is dropped
+// when the test ends.
+func userDSN(t *testing.T, admin *sql.DB, dsn, user string) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY 'pw'", user),
+		fmt.Sprintf("GRANT ALL ON `%s`.* TO '%s'@'%%'", cfg.DBName, user),
+	} {
+		if _, err := admin.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { admin.Exec(fmt.Sprintf("DROP USER '%s'@'%%'", user)) })
+	cfg.User, cfg.Passwd = user, "pw"
+	return cfg.FormatDSN()
+}
+
+// userConns returns how many connections user has open on the server.
+func userConns(t *testing.T, admin *sql.DB, user string) int {
+	t.Helper()
+	var n int
+	if err := admin.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = ?", user).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestSessionConnections counts on the server the connections of one
+// session, on a *sql.DB of its own (as one process would have), without a
+// connection limit and with a limit of 8: at most 2 at rest (after
+// NewSession, and after it has held locks: its lease's and its
+// doorbell's, on which it runs its lock statements; the pool closes what
+// it does not use), and at most one more while its goroutines wait for 4
+// names another session holds (the one it blocks on). Each waiter gets its
+// lock once the names are free. (It kept up to 5 at rest and 6 while
+// waiting: the pool's connections for lock statements stayed open.)
+func TestSessionConnections(t *testing.T) {
+	const names = 4
+	ctx := context.Background()
+	admin := dbtest.Open(t)
+	for i, limit := range []int{0, 8} {
+		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
+			t.Parallel()
+			user := fmt.Sprintf("conns%d_%d", i, time.Now().UnixNano()%1e9)
+			db := dbtest.OpenDSN(t, userDSN(t, admin, dbtest.DSN(), user))
+			db.SetMaxOpenConns(limit)
+			s := sessionOn(t, db, dsync.WithTTL(2*time.Second))
+			rest := func(when string) {
+				t.Helper()
+				// The pool closes a connection idle for a second, and so
+				// does the waiter side.
+				n := 0
+				for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+					if n = userConns(t, admin, user); n <= 2 {
+						break
+					}
+				}
+				if n > 2 {
+					t.Errorf("connections of a session at rest %s: got %d; want at most 2", when, n)
+				}
+			}
+			rest("after NewSession")
+			base := lockName(t)
+			for i := range names {
+				m := dsync.NewMutex(s, fmt.Sprintf("%s/own%d", base, i))
+				mustLock(t, m, ctx)
+				mustUnlock(t, m, ctx)
+			}
+			rest("after holding locks")
+
+			holder := newSession(t)
+			var held []*dsync.Mutex
+			for i := range names {
+				m := dsync.NewMutex(holder, fmt.Sprintf("%s/%d", base, i))
+				mustLock(t, m, ctx)
+				held = append(held, m)
+			}
+			got := make(chan error, names)
+			for i := range names {
+				go func() {
+					lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+					defer cancel()
+					m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i))
+					err := m.Lock(lctx)
+					if err == nil {
+						err = m.Unlock(lctx)
+					}
+					got <- err
+				}()
+			}
+			time.Sleep(1200 * time.Millisecond) // the waiters settle, the pool closes what it does not use
+			most := 0
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				most = max(most, userConns(t, admin, user))
+			}
+			t.Logf("connections while %d names waited: at most %d", names, most)
+			if most > 3 {
+				t.Errorf("connections of a session whose goroutines wait for %d names: got at most %d; want at most 3", names, most)
+			}
+			for _, m := range held {
+				mustUnlock(t, m, ctx)
+			}
+			for range names {
+				if err := <-got; err != nil {
+					t.Errorf("Lock and Unlock of a name that was released: got %v; want nil", err)
+				}
+			}
+			rest("after waiting")
+		})
+	}
+}
+
+// TestManySessionsAtMaxConnections runs 50 sessions, each on a *sql.DB of
+// its own without a connection limit (as 50 processes would), whose
+// goroutines each wait for the same 4 names another session holds,
+// against a dedicated server at its default max_connections, 151. Every
+// NewSession, Lock and Unlock succeeds (none gets 1040), every waiter gets
+// its lock once the names are free, and no session loses its lease. (It
+// took about 9 connections a session: 60 such sessions left 42 NewSession
+// and 4 Lock calls with 1040.)
+func TestManySessionsAtMaxConnections(t *testing.T) {
+	const (
+		sessions = 50
+		names    = 4
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv, admin := dedicatedServer(ctx, t, "--max-connections=151")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE many"); err != nil {
+		t.Fatal(err)
+	}
+	status := func(name string) int64 {
+		t.Helper()
+		var n int64
+		if err := admin.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE '"+name+"'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	open := func() *dsync.Session {
+		t.Helper()
+		s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, srv.DSN("many")), dsync.WithTTL(3*time.Second))
+		if err != nil {
+			t.Fatalf("NewSession: got %v; want nil", err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	holder := open()
+	base := lockName(t)
+	var held []*dsync.Mutex
+	for i := range names {
+		m := dsync.NewMutex(holder, fmt.Sprintf("%s/%d", base, i))
+		if err := m.Lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, m)
+	}
+	ss := []*dsync.Session{holder}
+	for range sessions {
+		ss = append(ss, open())
+	}
+	t.Logf("server connections with %d sessions at rest: %d", len(ss), status("Threads_connected"))
+	lockCtx, lockCancel := context.WithTimeout(ctx, time.Minute)
+	defer lockCancel()
+	errs := make(chan error, sessions*names)
+	for _, s := range ss[1:] {
+		for i := range names {
+			go func() {
+				m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i))
+				err := m.Lock(lockCtx)
+				if err == nil {
+					err = m.Unlock(lockCtx)
+				}
+				errs <- err
+			}()
+		}
+	}
+	time.Sleep(2 * time.Second) // the waiters settle
+	t.Logf("server connections while %d sessions waited for %d names each: %d (max_connections 151; refused so far: %d)",
+		sessions, names, status("Threads_connected"), status("Connection_errors_max_connections"))
+	for _, m := range held {
+		if err := m.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range sessions * names {
+		if err := <-errs; err != nil {
+			t.Errorf("Lock and Unlock of a waiter: got %v; want nil", err)
+		}
+	}
+	for i, s := range ss {
+		if err := s.Err(); err != nil {
+			t.Errorf("session %d: Err %v; want nil", i, err)
+		}
+	}
+}
