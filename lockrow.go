@@ -41,16 +41,22 @@ const (
 // by a server error (the connection broke, ctx ended): the row may be
 // held without a holder then, and the caller undoes the attempt (see
 // undo) before it returns the error. A name that the queued locks use
-// gives ErrOtherKind.
-func (r *lockRows) acquireRow(ctx context.Context, name string, token int64, mode rowMode) (fence int64, unknown bool, err error) {
+// gives ErrOtherKind. waited says that the call waited for the lock (said
+// so, or claimed it): the hold then keeps the row's wants (see
+// qCreateLock).
+func (r *lockRows) acquireRow(ctx context.Context, name string, token int64, mode rowMode, waited bool) (fence int64, unknown bool, err error) {
 	var res sql.Result
+	w := 0 // see qCreateLock, wanted_until
+	if waited {
+		w = 1
+	}
 	switch mode {
 	case rowFast:
-		res, err = r.st.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, r.id, token, r.id, name, r.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquireFast, sLockAcquireFastNoWait, r.id, token, w, name, r.id)
 	case rowWoken:
-		res, err = r.st.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, r.id, token, r.id, name, r.id)
+		res, err = r.st.execNoWaitN(ctx, sLockAcquireFast, sLockAcquireFastBrief, 0, r.id, token, w, name, r.id)
 	default:
-		res, err = r.st.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, r.id, token, r.id, -r.id, token, r.id, r.id)
+		res, err = r.st.execNoWait(ctx, sLockAcquire, sLockAcquireNoWait, name, r.id, token, r.id, -r.id, token, w, r.id)
 	}
 	if isErrNo(err, errLockWaitTimeout) {
 		return 0, false, nil // a transaction holds it (LockTx)
@@ -132,17 +138,19 @@ func (r *lockRows) ringInStmt() stmtIndex {
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
 // that session's doorbell, how long its lease has left in microseconds,
 // the row's fence (0 when the row is missing), and whether a want is
-// recorded since the row was last acquired (wanted); sql.ErrNoRows when
-// nobody live holds or claimed the row.
-func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, wanted bool, err error) {
+// recorded since the row was last acquired (wanted), and whether that
+// session is the claimant, not the holder; sql.ErrNoRows when nobody live
+// holds or claimed the row.
+func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, wanted, claimant bool, err error) {
 	var id, gen, until sql.NullInt64
+	var claim sql.NullBool
 	err = r.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until, &wanted)
+		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until, &wanted, &claim)
 	})
 	if err == nil && !id.Valid {
 		err = sql.ErrNoRows
 	}
-	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, wanted, err
+	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, wanted, claim.Bool, err
 }
 
 // claimRow claims the next hold of the Mutex row name for this session
@@ -174,7 +182,7 @@ func (r *lockRows) wantRow(ctx context.Context, name string, want, waited time.D
 // or claimed by a live waiter of another session, now (a plain read: it
 // never waits for a transaction's row lock).
 func (r *lockRows) lockTaken(ctx context.Context, name string) (bool, error) {
-	_, _, _, _, err := r.lockBell(ctx, name)
+	_, _, _, _, _, err := r.lockBell(ctx, name)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

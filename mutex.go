@@ -231,9 +231,13 @@ func (mw *mutexWait) try(ctx context.Context, w *waitState) (bool, error) {
 		mode = rowFast
 	}
 	w.bells.woken = false
-	fence, unknown, err := m.s.rows.acquireRow(ctx, m.name, mw.token, mode)
+	// A call that said it waits, or claimed, may have been read as the
+	// claimant by waiters that block on its doorbell: its hold keeps the
+	// row's wants (see qCreateLock), so that its release rings for them.
+	waited := mw.wanted || !mw.claimed.IsZero()
+	fence, unknown, err := m.s.rows.acquireRow(ctx, m.name, mw.token, mode, waited)
 	if mode == rowFast && err == nil && fence == 0 {
-		fence, unknown, err = m.s.rows.acquireRow(ctx, m.name, mw.token, rowFull)
+		fence, unknown, err = m.s.rows.acquireRow(ctx, m.name, mw.token, rowFull, waited)
 	}
 	if unknown {
 		// The attempt may have taken the row: undo it, so that no row is
@@ -429,6 +433,15 @@ func (s *Session) whyNotHeld(ctx context.Context) error {
 	return fmt.Errorf("%w: taken over after the session's lease lapsed on the server", ErrNotHeld)
 }
 
+// claimantBlock is the longest a Mutex waiter blocks on the doorbell of a
+// claimant (a waiter that claimed the next hold, while nobody holds the
+// lock): it takes the lock within milliseconds, and rings when it releases
+// it (see qCreateLock) or gives up; but a claimant whose claim another
+// waiter took over, and that is still waiting, rings for nobody. A second
+// (no less: MySQL rounds a GET_LOCK timeout to whole seconds, see
+// bellWaiter.wait), and each look costs a try, a want and a read.
+const claimantBlock = time.Second
+
 // unarmedPolls is how many times a waiter that finds the one it waits for
 // without a doorbell polls soon (after claimPoll) before it paces itself
 // (see nextPace): a session takes its doorbell right after its first
@@ -464,6 +477,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		ref         bellRef
 		left, fence int64
 		wanted      bool
+		claimant    bool
 		err         error
 		want        = st.pace == 0 || time.Since(mw.wantedAt) >= paceCap
 	)
@@ -481,7 +495,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 				return waitPace
 			}
 		}
-		ref, left, fence, wanted, err = s.rows.lockBell(ctx, m.name)
+		ref, left, fence, wanted, claimant, err = s.rows.lockBell(ctx, m.name)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 			return waitPace
@@ -516,6 +530,13 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// no-wait tries): wanted_until may not be written, so a release
 		// need not ring. Block no longer than the pace's cap.
 		most = paceCap
+	}
+	if claimant {
+		// A claimant rings when it gives up, and when it releases the
+		// hold it takes (see qCreateLock), but not when another waiter
+		// takes its claim over and the lock: a block on it looks again
+		// after claimantBlock.
+		most = min(most, claimantBlock)
 	}
 	return s.waiters.wait(ctx, s.done, ref, left, most, st, s.logger, m.name, kindMutex)
 }

@@ -62,12 +62,13 @@ const (
 	// doorbell.go), when waiter <> 0 too. waiter is 0 only between an
 	// acquisition and the next want (every want sets it when nobody claims
 	// the row), -1 when sessions wanted the lock but none claims it: a
-	// claimant that gave up (qLockUnclaim), or one that acquired the row
-	// (sessions that read it as the claimant may block on its doorbell;
-	// an acquisition by any other session sets 0). So a release rings only
-	// when a session said that it waits since the row was acquired, or
-	// may wait on the claimant that acquired it; a session that waited
-	// once leaves nothing for the uncontended holds that follow to ring.
+	// claimant that gave up (qLockUnclaim), or a call that waited (and so
+	// may have been read as the claimant, and blocked on) and acquired the
+	// row; an acquisition by a call that did not wait sets 0. So a release
+	// rings only when a session said that it waits since the row was
+	// acquired, or may wait on the waiter that acquired it; a session that
+	// waited once leaves nothing for the uncontended holds that follow to
+	// ring.
 	//
 	// idle_since and idle_fence are the sweep's mark (see qLockSweepMark):
 	// when a sweep pass found the row free, and its fence then. Lock
@@ -285,20 +286,20 @@ WHERE id = ? AND expires_at > UTC_TIMESTAMP(6)`
 const (
 	// qLockAcquireFast takes a lock row that exists, is free and is not
 	// claimed by another waiter in one cheap statement: no subquery, no
-	// insert. Args: lease id, token, lease id, name, lease id. (waiter
-	// becomes -1 when the row was this session's claim, else 0: see
-	// wanted_until.) LastInsertId is the new
+	// insert. Args: lease id, token, waited (1: the call waited for the
+	// lock, else 0), name, lease id. (waiter becomes -1 when the call
+	// waited, else 0: see wanted_until.) LastInsertId is the new
 	// fence when the lock was taken, 0 otherwise (no row, a holder that may
 	// be live, or a claim that may be stale: then qLockAcquire decides).
 	// A row of the queued locks' name (kind 1) is never taken: qLockAcquire
 	// then reports it.
-	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(waiter = ?, -1, 0)
+	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(?, -1, 0)
 WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
 	// statement, whatever state the row is in, unless another waiter's claim
 	// on it (see qCreateLock) is current. Args: name, lease id, token, lease
-	// id, -lease id, token, lease id, lease id. (waiter, as in
+	// id, -lease id, token, waited, lease id. (waiter, as in
 	// qLockAcquireFast.)
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
@@ -331,7 +332,7 @@ ON DUPLICATE KEY UPDATE
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(kind * ` + otherKindSQL + `)),
   token = IF(holder < 0, ?, token),
-  waiter = IF(holder < 0, IF(waiter = ?, -1, 0), waiter),
+  waiter = IF(holder < 0, IF(?, -1, 0), waiter),
   holder = IF(holder < 0, ?, holder)`
 
 	// qLockClaim claims the next hold of a lock for a session that has
@@ -410,11 +411,13 @@ WHERE name = ?`
 	// a want is recorded since the row was last acquired (waiter <> 0; see
 	// wanted_until): a waiter that said it waits and finds none recorded
 	// lost its want to an acquisition that came after it, and says it
-	// again before it blocks. Args: lease
+	// again before it blocks; and whether the session named is the
+	// claimant, not the holder. Args: lease
 	// id, name. No row: the lock has no row. NULL id: nobody live has the
 	// lock or a claim on it; try to take it at once. bell 0: that session
 	// has no doorbell; poll.
-	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0 FROM {lock} k LEFT JOIN {lease} l
+	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0,
+  l.id <> k.holder FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
      AND l.expires_at > UTC_TIMESTAMP(6)
 WHERE k.name = ?

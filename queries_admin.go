@@ -18,10 +18,11 @@ const (
 	// holder's doorbell, or poll (see doorbell.go). The only waiter the lock row
 	// names is the one that has claimed the next hold (see qCreateLock), so
 	// waiters is 1 while a claim is current and 0 otherwise, however many
-	// wait. This column is the one place where that reading is made.
+	// wait (waiter -1 names no claimant; see qCreateLock). This column is
+	// the one place where that reading is made.
 	qListMutexes = `SELECT k.name, l.label, l.id, k.fence,
   TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)),
-  IF(k.waiter <> 0 AND k.claimed_until > UTC_TIMESTAMP(6), 1, 0)
+  IF(k.waiter > 0 AND k.claimed_until > UTC_TIMESTAMP(6), 1, 0)
 FROM {lock} k JOIN {lease} l ON l.id = k.holder
 WHERE l.expires_at > UTC_TIMESTAMP(6)`
 
