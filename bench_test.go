@@ -23,26 +23,7 @@ import (
 // a dedicated connection (one round trip each), on the same server.
 func BenchmarkBaselineInsertDelete(b *testing.B) {
 	ctx := context.Background()
-	db := dbtest.Open(b)
-	table := fmt.Sprintf("baseline_%d", time.Now().UnixNano())
-	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL)"); err != nil {
-		b.Fatal(err)
-	}
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	ins, err := conn.PrepareContext(ctx, "INSERT INTO "+table+" (name, holder) VALUES (?, ?)")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ins.Close()
-	del, err := conn.PrepareContext(ctx, "DELETE FROM "+table+" WHERE name = ? AND holder = ?")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer del.Close()
+	ins, del := floorStatements(b, dbtest.Open(b))
 	name := lockName(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -53,6 +34,35 @@ func BenchmarkBaselineInsertDelete(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// floorStatements creates a table of the floor's own (see
+// BenchmarkBaselineInsertDelete) and returns its INSERT and DELETE, each
+// prepared once on a connection of db's that it keeps, closed when b
+// ends.
+func floorStatements(b *testing.B, db *sql.DB) (ins, del *sql.Stmt) {
+	b.Helper()
+	ctx := context.Background()
+	table := fmt.Sprintf("floor_%d", time.Now().UnixNano())
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL)"); err != nil {
+		b.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	ins, err = conn.PrepareContext(ctx, "INSERT INTO "+table+" (name, holder) VALUES (?, ?)")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ins.Close() })
+	del, err = conn.PrepareContext(ctx, "DELETE FROM "+table+" WHERE name = ? AND holder = ?")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { del.Close() })
+	return ins, del
 }
 
 // BenchmarkMutexUncontended is Lock+Unlock of a lock nobody else wants.
@@ -421,26 +431,7 @@ func BenchmarkMutexDuringSweep(b *testing.B) {
 func BenchmarkMutexUncontendedBeside(b *testing.B) {
 	const block = 100
 	ctx := context.Background()
-	fdb := dbtest.Open(b)
-	table := fmt.Sprintf("beside_%d", time.Now().UnixNano())
-	if _, err := fdb.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(255) NOT NULL PRIMARY KEY, holder BIGINT NOT NULL)"); err != nil {
-		b.Fatal(err)
-	}
-	conn, err := fdb.Conn(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	ins, err := conn.PrepareContext(ctx, "INSERT INTO "+table+" (name, holder) VALUES (?, ?)")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ins.Close() })
-	del, err := conn.PrepareContext(ctx, "DELETE FROM "+table+" WHERE name = ? AND holder = ?")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { del.Close() })
+	ins, del := floorStatements(b, dbtest.Open(b))
 	for _, try := range []string{"wait", "trylock"} {
 		for _, limit := range []int{0, 8, 32} {
 			b.Run(fmt.Sprintf("%s/limit=%d", try, limit), func(b *testing.B) {

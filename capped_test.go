@@ -170,30 +170,9 @@ func TestSessionWaitsOnOneConnection(t *testing.T) {
 	const names = 4
 	for _, limit := range []int{0, 8} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
-			ctx := context.Background()
 			admin := dbtest.Open(t)
-			holder := newSession(t)
-			base := lockName(t)
-			var held []*dsync.Mutex
-			for i := range names {
-				m := dsync.NewMutex(holder, fmt.Sprintf("%s/%d", base, i))
-				mustLock(t, m, ctx)
-				held = append(held, m)
-			}
 			s := sessionOn(t, cappedDB(t, limit))
-			got := make(chan error, names)
-			for i := range names {
-				go func() {
-					lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-					defer cancel()
-					m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i))
-					err := m.Lock(lctx)
-					if err == nil {
-						err = m.Unlock(lctx)
-					}
-					got <- err
-				}()
-			}
+			release := waitOnHeld(t, newSession(t), s, lockName(t), names)
 			time.Sleep(500 * time.Millisecond) // the waiters settle
 			q0, from := serverQuestions(t, admin), time.Now()
 			most, samples := 0, int64(0)
@@ -211,16 +190,50 @@ func TestSessionWaitsOnOneConnection(t *testing.T) {
 			if most != 1 {
 				t.Errorf("connections blocked on doorbells: got at most %d; want 1", most)
 			}
-			for _, m := range held {
-				if err := m.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for range names {
-				if err := <-got; err != nil {
-					t.Error(err)
-				}
+			for _, err := range release() {
+				t.Error(err)
 			}
 		})
+	}
+}
+
+// waitOnHeld has holder lock the Mutexes base/0 to base/n-1 and one
+// goroutine of s per name wait for it (Lock, then Unlock, within 20s).
+// release unlocks them and returns the errors of the waiters' Lock and
+// Unlock once each has ended.
+func waitOnHeld(t *testing.T, holder, s *dsync.Session, base string, n int) (release func() []error) {
+	t.Helper()
+	ctx := context.Background()
+	var held []*dsync.Mutex
+	for i := range n {
+		m := dsync.NewMutex(holder, fmt.Sprintf("%s/%d", base, i))
+		mustLock(t, m, ctx)
+		held = append(held, m)
+	}
+	got := make(chan error, n)
+	for i := range n {
+		go func() {
+			lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i))
+			err := m.Lock(lctx)
+			if err == nil {
+				err = m.Unlock(lctx)
+			}
+			got <- err
+		}()
+	}
+	return func() []error {
+		t.Helper()
+		for _, m := range held {
+			mustUnlock(t, m, ctx)
+		}
+		var errs []error
+		for range n {
+			if err := <-got; err != nil {
+				errs = append(errs, fmt.Errorf("a waiter's Lock and Unlock of a name that was released: got %w; want nil", err))
+			}
+		}
+		return errs
 	}
 }

@@ -90,26 +90,7 @@ func TestSessionConnections(t *testing.T) {
 			}
 			rest("after holding locks")
 
-			holder := newSession(t)
-			var held []*dsync.Mutex
-			for i := range names {
-				m := dsync.NewMutex(holder, fmt.Sprintf("%s/%d", base, i))
-				mustLock(t, m, ctx)
-				held = append(held, m)
-			}
-			got := make(chan error, names)
-			for i := range names {
-				go func() {
-					lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-					defer cancel()
-					m := dsync.NewMutex(s, fmt.Sprintf("%s/%d", base, i))
-					err := m.Lock(lctx)
-					if err == nil {
-						err = m.Unlock(lctx)
-					}
-					got <- err
-				}()
-			}
+			release := waitOnHeld(t, newSession(t), s, base, names)
 			time.Sleep(1200 * time.Millisecond) // the waiters settle, the pool closes what it does not use
 			most := 0
 			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
@@ -119,13 +100,8 @@ func TestSessionConnections(t *testing.T) {
 			if most > 3 {
 				t.Errorf("connections of a session whose goroutines wait for %d names: got at most %d; want at most 3", names, most)
 			}
-			for _, m := range held {
-				mustUnlock(t, m, ctx)
-			}
-			for range names {
-				if err := <-got; err != nil {
-					t.Errorf("Lock and Unlock of a name that was released: got %v; want nil", err)
-				}
+			for _, err := range release() {
+				t.Error(err)
 			}
 			rest("after waiting")
 		})
