@@ -71,7 +71,7 @@ func parseFlags() params {
 	flag.DurationVar(&p.namesAge, "age", 30*time.Second, "free-row age (dsync.WithFreeRowAge) of the distinct-names scenario (quick: 5s unless set)")
 	flag.StringVar(&p.command, "command", "", "the command line to print in the report (default: this program's)")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (uncontended,contention,handoff,idle,many,names); for development: the report then lacks the others")
-	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,fair,fair-cap8,rw-writer,rw-reader,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
+	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,mutex-cap32,fair,fair-cap8,fair-cap32,rw-writer,rw-reader,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })

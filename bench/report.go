@@ -130,6 +130,21 @@ func (r *report) targets() []target {
 		target{"Mutex, 4 sessions: ≥ 50 % of acquisitions change sessions", "con.share", "mutex", false, 50, pctNum, " %"},
 		target{"FairMutex, 4 sessions: ≥ 0.7× the floor's serial rate", "con.vsfloor", "fair", false, 0.7, ratioNum, "×"},
 	)
+	// Issue 19: the same on capped pools (SetMaxOpenConns), as production
+	// runs them.
+	for _, k := range []struct{ key, name string }{{"mutex-cap8", "Mutex, SetMaxOpenConns(8)"}, {"mutex-cap32", "Mutex, SetMaxOpenConns(32)"}} {
+		t = append(t,
+			target{k.name + ": handoff p50 ≤ 1.2× the handoff floor", "hand.vsfloor", k.key, true, 1.2, ratioNum, "×"},
+			target{k.name + ": uncontended ≤ 1.1× floor", "unc.ratio", k.key, true, 1.1, ratioNum, "×"},
+			target{k.name + ": idle waiter ≤ 1 statement/s", "idle.per", k.key, true, 1, num, "/s"},
+			target{k.name + ", 4 sessions: longest wait ≤ 50 ms", "con.longest", k.key, true, 50, num, " ms"},
+			target{k.name + ", 4 sessions: ≥ 50 % of acquisitions change sessions", "con.share", k.key, false, 50, pctNum, " %"},
+		)
+	}
+	for _, k := range []struct{ key, name string }{{"fair-cap8", "FairMutex, SetMaxOpenConns(8)"}, {"fair-cap32", "FairMutex, SetMaxOpenConns(32)"}} {
+		t = append(t, target{k.name + ": idle waiter ≤ 1 statement/s", "idle.per", k.key, true, 1, num, "/s"})
+	}
+	t = append(t, target{"Mutex handoff p50 ≤ 1.2× the handoff floor", "hand.vsfloor", "mutex", true, 1.2, ratioNum, "×"})
 	return t
 }
 

@@ -106,8 +106,10 @@ func (e *env) systems() []*system {
 	}{
 		{"mutex", "mutex", "dsync `Mutex`", true, 0},
 		{"mutex-cap8", "mutex", "dsync `Mutex`, `SetMaxOpenConns(8)`", true, 8},
+		{"mutex-cap32", "mutex", "dsync `Mutex`, `SetMaxOpenConns(32)`", true, 32},
 		{"fair", "fair", "dsync `FairMutex`", true, 0},
 		{"fair-cap8", "fair", "dsync `FairMutex`, `SetMaxOpenConns(8)`", true, 8},
+		{"fair-cap32", "fair", "dsync `FairMutex`, `SetMaxOpenConns(32)`", true, 32},
 		{"rw-writer", "rw-writer", "dsync `RWMutex` writer (`Lock`)", true, 0},
 		{"rw-reader", "rw-reader", "dsync `RWMutex` reader (`RLock`)", false, 0},
 	} {
