@@ -33,9 +33,8 @@ import (
 // *sql.DB (and table prefix) share at most 3 more for the lock statements
 // that find it busy, each closed after a second unused; a session that
 // waits takes one more to wait on, however many names it waits for,
-// closed a second after its last wait; so a session keeps 2 at rest and 3
-// while it waits; and
-// one per [Mutex.LockTx] hold in progress, blocked until its transaction
+// closed a second after its last wait (so 2 at rest, 3 while waiting);
+// and one per [Mutex.LockTx] hold in progress, blocked until its transaction
 // ends, of which it keeps up to 4 idle for the next holds (see
 // docs/OPERATIONS.md, Connections). With a limit, the sessions of one *sql.DB
 // share a quarter of it, at least 2 and at most 4, or 1 when the limit is
