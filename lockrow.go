@@ -138,19 +138,31 @@ func (r *lockRows) ringInStmt() stmtIndex {
 // lockBell reads who a waiter of the Mutex row name waits for (qLockBell):
 // that session's doorbell, how long its lease has left in microseconds,
 // the row's fence (0 when the row is missing), and whether a want is
-// recorded since the row was last acquired (wanted), and whether that
-// session is the claimant, not the holder; sql.ErrNoRows when nobody live
-// holds or claimed the row.
-func (r *lockRows) lockBell(ctx context.Context, name string) (ref bellRef, left, fence int64, wanted, claimant bool, err error) {
+// recorded since the row was last acquired (wanted), whether that
+// session is the claimant, not the holder, and whether this session holds
+// the current claim (mine); sql.ErrNoRows when nobody live holds or
+// claimed the row.
+func (r *lockRows) lockBell(ctx context.Context, name string) (b lockBellRead, err error) {
 	var id, gen, until sql.NullInt64
 	var claim sql.NullBool
 	err = r.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return r.st.query(ctx, c, sLockBell, []any{r.id, name}, &fence, &id, &gen, &until, &wanted, &claim)
+		return r.st.query(ctx, c, sLockBell, []any{r.id, r.id, name}, &b.fence, &id, &gen, &until, &b.wanted, &claim, &b.mine)
 	})
 	if err == nil && !id.Valid {
 		err = sql.ErrNoRows
 	}
-	return bellRef{id.Int64, gen.Int64}, until.Int64, fence, wanted, claim.Bool, err
+	b.ref, b.left, b.claimant = bellRef{id.Int64, gen.Int64}, until.Int64, claim.Bool
+	return b, err
+}
+
+// lockBellRead is what lockBell read.
+type lockBellRead struct {
+	ref      bellRef // the doorbell of the session to wait for
+	left     int64   // microseconds its lease has left
+	fence    int64   // the row's fence; 0: no row
+	wanted   bool    // a want is recorded since the row was last acquired
+	claimant bool    // the session to wait for is the claimant, not the holder
+	mine     bool    // the current claim is the asking session's
 }
 
 // claimRow claims the next hold of the Mutex row name for this session
@@ -182,7 +194,7 @@ func (r *lockRows) wantRow(ctx context.Context, name string, want, waited time.D
 // or claimed by a live waiter of another session, now (a plain read: it
 // never waits for a transaction's row lock).
 func (r *lockRows) lockTaken(ctx context.Context, name string) (bool, error) {
-	_, _, _, _, _, err := r.lockBell(ctx, name)
+	_, err := r.lockBell(ctx, name)
 	if errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

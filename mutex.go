@@ -451,11 +451,18 @@ const unarmedPolls = 5
 
 // unarmedPace tells a waiter that found the one it waits for without a
 // doorbell what to do: poll soon, the first unarmedPolls times, then pace
-// itself.
-func (st *bellState) unarmedPace() waitOutcome {
-	if st.unarmed < unarmedPolls {
+// itself; but a waiter that holds the claim on the next hold (mine) polls
+// every connPace, within the polling budget: it is the one that takes the
+// lock next, and every other waiter waits for it (on a *sql.DB with a
+// connection limit only a few sessions have doorbells, and a claimant
+// pacing up to paceCap made each handoff last up to a second).
+func (st *bellState) unarmedPace(mine bool) waitOutcome {
+	switch {
+	case st.unarmed < unarmedPolls:
 		st.unarmed++
 		st.soon = true
+	case mine:
+		st.busy = true
 	}
 	return waitPace
 }
@@ -474,12 +481,9 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	}
 	s.bell.armWaiting() // waiters behind this one wait on its doorbell
 	var (
-		ref         bellRef
-		left, fence int64
-		wanted      bool
-		claimant    bool
-		err         error
-		want        = st.pace == 0 || time.Since(mw.wantedAt) >= paceCap
+		b    lockBellRead
+		err  error
+		want = st.pace == 0 || time.Since(mw.wantedAt) >= paceCap
 	)
 	// (A paced waiter said so less than paceCap ago, for longer than any
 	// block that may follow: nothing to renew.) A want that an
@@ -495,12 +499,12 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 				return waitPace
 			}
 		}
-		ref, left, fence, wanted, claimant, err = s.rows.lockBell(ctx, m.name)
+		b, err = s.rows.lockBell(ctx, m.name)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)
 			return waitPace
 		}
-		if err != nil || wanted || mw.unwanted {
+		if err != nil || b.wanted || mw.unwanted {
 			break
 		}
 		if again == 1 {
@@ -509,7 +513,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		}
 		want = true
 	}
-	ref, block, out := st.judge(err == nil, ref, fence)
+	ref, block, out := st.judge(err == nil, b.ref, b.fence)
 	if !block {
 		return out
 	}
@@ -521,7 +525,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// The holder has no doorbell yet: it takes one right after its
 		// first acquisition, within a few milliseconds; or it has none
 		// (no connection for one).
-		return st.unarmedPace()
+		return st.unarmedPace(b.mine)
 	}
 	most := bellWait
 	if mw.unwanted {
@@ -531,12 +535,12 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// need not ring. Block no longer than the pace's cap.
 		most = paceCap
 	}
-	if claimant {
+	if b.claimant {
 		// A claimant rings when it gives up, and when it releases the
 		// hold it takes (see qCreateLock), but not when another waiter
 		// takes its claim over and the lock: a block on it looks again
 		// after claimantBlock.
 		most = min(most, claimantBlock)
 	}
-	return s.waiters.wait(ctx, s.done, ref, left, most, st, s.logger, m.name, kindMutex)
+	return s.waiters.wait(ctx, s.done, ref, b.left, most, st, s.logger, m.name, kindMutex)
 }

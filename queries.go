@@ -411,13 +411,14 @@ WHERE name = ?`
 	// a want is recorded since the row was last acquired (waiter <> 0; see
 	// wanted_until): a waiter that said it waits and finds none recorded
 	// lost its want to an acquisition that came after it, and says it
-	// again before it blocks; and whether the session named is the
-	// claimant, not the holder. Args: lease
+	// again before it blocks; whether the session named is the claimant,
+	// not the holder; and whether the asking session holds the current
+	// claim. Args: lease id, lease
 	// id, name. No row: the lock has no row. NULL id: nobody live has the
 	// lock or a claim on it; try to take it at once. bell 0: that session
 	// has no doorbell; poll.
 	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0,
-  l.id <> k.holder FROM {lock} k LEFT JOIN {lease} l
+  l.id <> k.holder, k.waiter = ? AND k.claimed_until > UTC_TIMESTAMP(6) FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
      AND l.expires_at > UTC_TIMESTAMP(6)
 WHERE k.name = ?

@@ -511,7 +511,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	case ref.id == s.id:
 		return waitPace
 	case ref.gen == 0:
-		return st.unarmedPace() // see awaitBell
+		return st.unarmedPace(false) // see awaitBell
 	}
 	if seq != 0 {
 		// A ticket ahead: leave a marker, so that its release rings. (The
