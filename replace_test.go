@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +293,126 @@ func TestReplaceLostLeaseClose(t *testing.T) {
 	}
 	if err := ws.Close(); !errors.Is(err, dsync.ErrSessionClosed) {
 		t.Errorf("Close again: got %v; want ErrSessionClosed", err)
+	}
+}
+
+// TestReplaceLostLeaseTxHandOver: a lease lost right after LockTx handed
+// the lock row to the caller's transaction makes LockTx return
+// ErrSessionExpired at once, as without the option, instead of running
+// again on a new lease in that transaction, where it would wait for the
+// row the transaction itself has locked until ctx ends. Nobody else takes
+// the lock while the transaction runs; after its rollback the name is
+// free to others, and the session locks under a new lease.
+func TestReplaceLostLeaseTxHandOver(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	ws := replaceSession(t, db)
+	lost := ws.ID()
+	var expired atomic.Bool
+	defer dsync.AfterTxHandOver(func(n string) {
+		if n == name && !expired.Swap(true) {
+			dsync.ExpireLocally(ws)
+		}
+	})()
+	tx := beginTx(t, db, sql.LevelDefault)
+	m := dsync.NewMutex(ws, name)
+	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+	defer cancel()
+	took, err := within(t, "LockTx", 10*time.Second, func() error { return m.LockTx(ctx, tx) })
+	if !expired.Load() {
+		t.Fatalf("LockTx: returned %v without handing the row to tx; want the lease lost after the hand-over (the fault did not happen)", err)
+	}
+	if !errors.Is(err, dsync.ErrSessionExpired) || ctx.Err() != nil {
+		t.Fatalf("LockTx with the lease lost after the hand-over: got %v after %v; want ErrSessionExpired before ctx ends", err, took.Round(time.Millisecond))
+	}
+	other := dsync.NewMutex(faultSession(t, db, 10*time.Second), name)
+	if ok, err := other.TryLock(ctx); ok || err != nil {
+		t.Fatalf("another session's TryLock while tx runs: got %v, %v; want false, nil", ok, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+	lctx, lcancel := context.WithTimeout(bg, 10*time.Second)
+	defer lcancel()
+	if err := other.Lock(lctx); err != nil {
+		t.Fatalf("another session's Lock after the rollback: got %v; want nil", err)
+	}
+	if err := other.Unlock(bg); err != nil {
+		t.Fatalf("another session's Unlock: got %v; want nil", err)
+	}
+	if err := m.Lock(lctx); err != nil {
+		t.Fatalf("Lock after the loss: got %v; want nil", err)
+	}
+	if got := ws.ID(); got == lost {
+		t.Errorf("session ID after the loss: got %d, the lost lease; want a new one", got)
+	}
+	if err := m.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+}
+
+// TestReplaceLostLeaseTxWaiting: a LockTx waiting in the database for
+// another transaction's hold does not keep a lost lease from being
+// replaced: another lock call of the session opens the new lease and
+// locks at once. The LockTx carries on, and takes the lock under the new
+// lease once the other transaction has ended.
+func TestReplaceLostLeaseTxWaiting(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	tx1 := beginTx(t, db, sql.LevelDefault)
+	if err := dsync.NewMutex(faultSession(t, db, 10*time.Second), name).LockTx(bg, tx1); err != nil {
+		t.Fatalf("holder's LockTx: got %v; want nil", err)
+	}
+	ws := replaceSession(t, db)
+	lost := ws.ID()
+	tx2 := beginTx(t, db, sql.LevelDefault)
+	m := dsync.NewMutex(ws, name)
+	ctx, cancel := context.WithTimeout(bg, 20*time.Second)
+	defer cancel()
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- m.LockTx(ctx, tx2) }()
+	for deadline := time.Now().Add(10 * time.Second); ws.Stats().Waiting == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("LockTx: not waiting after 10s")
+		}
+	}
+	dsync.ExpireLocally(ws)
+	if err := ws.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("session Err after ExpireLocally: got %v; want ErrSessionExpired (the fault did not happen)", err)
+	}
+
+	second := dsync.NewMutex(ws, name+"/second")
+	lctx, lcancel := context.WithTimeout(bg, 3*time.Second)
+	defer lcancel()
+	took, err := within(t, "Lock of another name", 10*time.Second, func() error { return second.Lock(lctx) })
+	if err != nil {
+		t.Fatalf("Lock of another name while LockTx waits for another transaction: got %v after %v; want nil, under a new lease", err, took.Round(time.Millisecond))
+	}
+	if got := ws.ID(); got == lost {
+		t.Errorf("session ID after the loss: got %d, the lost lease; want a new one", got)
+	}
+	if err := second.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+	select {
+	case err := <-lockErr:
+		t.Fatalf("LockTx while the other transaction holds the name: returned %v; want it still waiting", err)
+	default:
+	}
+	if err := tx1.Rollback(); err != nil {
+		t.Fatalf("holder's Rollback: %v", err)
+	}
+	select {
+	case err := <-lockErr:
+		if err != nil {
+			t.Fatalf("LockTx across the lost lease: got %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("LockTx: still waiting 10s after the holder's rollback")
+	}
+	if m.Fence() == 0 {
+		t.Errorf("Fence of the LockTx hold: got 0; want the hold's")
 	}
 }

@@ -62,7 +62,8 @@ func (s *Session) withLease(ctx context.Context, call func(*Session) (bool, erro
 	for {
 		g := s.current()
 		ok, err := call(g)
-		if err == nil || s.line == nil || !errors.Is(err, ErrSessionExpired) || ctx.Err() != nil {
+		var final finalError
+		if err == nil || s.line == nil || !errors.Is(err, ErrSessionExpired) || ctx.Err() != nil || errors.As(err, &final) {
 			return ok, err
 		}
 		if err := s.line.replace(ctx, g, err); err != nil {
@@ -70,6 +71,14 @@ func (s *Session) withLease(ctx context.Context, call func(*Session) (bool, erro
 		}
 	}
 }
+
+// finalError marks the error of a lock call that withLease must return
+// as it is, even when it wraps ErrSessionExpired: the call failed after it
+// left something that a run on a new lease would meet (see takeTx). It
+// wraps the error, and says what it says.
+type finalError struct{ error }
+
+func (e finalError) Unwrap() error { return e.error }
 
 // Replacement's pace while the database cannot be reached: each try is
 // bounded by the TTL (a black-holed network never answers), and the tries
