@@ -11,6 +11,7 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -414,5 +415,76 @@ func TestReplaceLostLeaseTxWaiting(t *testing.T) {
 	}
 	if m.Fence() == 0 {
 		t.Errorf("Fence of the LockTx hold: got 0; want the hold's")
+	}
+}
+
+// TestReplaceLostLeasePace: while the database refuses connections, the
+// tries to open a new lease keep the line's back-off however many calls
+// want one and however short their ctx: four goroutines calling TryLock
+// with a 20ms ctx in a loop cost a few connection attempts a second, not
+// one per call.
+func TestReplaceLostLeasePace(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
+	m := dsync.NewMutex(ws, lockName(t))
+	done := ws.Done()
+	p.Cut(true)
+	p.Refuse(true)
+	if !isClosed(done, 3*time.Second) {
+		t.Fatalf("Done: still open 3s after the cut; want closed")
+	}
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
+	}
+
+	ctx, cancel := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	var calls, expired atomic.Int64
+	a0, from := p.Stats().Accepted, time.Now()
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				cctx, ccancel := context.WithTimeout(ctx, 20*time.Millisecond)
+				ok, err := m.TryLock(cctx)
+				ccancel()
+				calls.Add(1)
+				if ok {
+					t.Errorf("TryLock with the database refusing connections: got true; want false")
+					m.Unlock(bg)
+				}
+				if errors.Is(err, dsync.ErrSessionExpired) {
+					expired.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	cancel()
+	wg.Wait()
+	attempts, d := p.Stats().Accepted-a0, time.Since(from)
+	t.Logf("%d TryLock calls, %d of them ErrSessionExpired; %d connection attempts in %v",
+		calls.Load(), expired.Load(), attempts, d.Round(time.Millisecond))
+	if expired.Load() == 0 {
+		t.Fatalf("TryLock calls returning ErrSessionExpired: got none of %d; want them to meet the lost lease", calls.Load())
+	}
+	if rate := float64(attempts) / d.Seconds(); rate > spinBudget {
+		t.Errorf("connection attempts while the database refused them: got %.1f/s; want at most %.0f/s", rate, spinBudget)
+	}
+	if attempts == 0 {
+		t.Errorf("connection attempts while the database refused them: got none; want the session to try for a new lease")
+	}
+
+	p.Refuse(false)
+	p.Cut(false)
+	lctx, lcancel := context.WithTimeout(bg, 10*time.Second)
+	defer lcancel()
+	if err := m.Lock(lctx); err != nil {
+		t.Fatalf("Lock once the database is back: got %v; want nil", err)
+	}
+	if err := m.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
 	}
 }

@@ -34,6 +34,13 @@ type succession struct {
 	closing context.Context // ends when Close begins
 	stop    context.CancelFunc
 
+	// The pace of the tries to open a new lease is the line's, not a
+	// call's (guarded by turn): a caller whose ctx ends hands the pause it
+	// reached to the next one, and a new lease lost at once (opening it
+	// took most of a TTL) is not replaced at once again.
+	pause   time.Duration // the pause after the last try; see replace
+	nextTry time.Time     // no try starts before it
+
 	mu     sync.Mutex
 	closed bool // guarded by mu; Close has begun
 }
@@ -84,7 +91,10 @@ func (e finalError) Unwrap() error { return e.error }
 // bounded by the TTL (a black-holed network never answers), and the tries
 // are replaceFirst apart, then twice as far each time, up to replaceMax
 // (the renewal period's cap), so that a long outage costs a connection
-// attempt every 2s, not a busy loop.
+// attempt every 2s, not a busy loop, however many calls wait and however
+// short their ctx. A try that opened a lease starts the next pause too:
+// a lease lost at once is replaced after it. The series starts again from
+// replaceFirst once a try is due more than replaceMax ago.
 const (
 	replaceFirst = 100 * time.Millisecond
 	replaceMax   = maxRenewEvery
@@ -140,12 +150,22 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 			return err
 		}
 	}
-	for pause := replaceFirst; ; pause = min(2*pause, replaceMax) {
+	if time.Since(sc.nextTry) > replaceMax {
+		sc.pause = 0 // a new outage, or a lease that lived
+	}
+	for {
+		if d := time.Until(sc.nextTry); d > 0 {
+			if err := sc.sleep(ctx, d, nil, ended); err != nil {
+				return err
+			}
+		}
 		tctx, cancel := context.WithTimeout(ctx, sc.opts.ttl)
 		stopCancel := context.AfterFunc(sc.closing, cancel)
 		next, err := startSession(tctx, sc.db, sc.opts, sc.stats)
 		stopCancel()
 		cancel()
+		sc.pause = min(max(2*sc.pause, replaceFirst), replaceMax)
+		sc.nextTry = time.Now().Add(sc.pause)
 		if err == nil {
 			next.txHolds.records = lost.txHolds.records // LockTx again in a transaction finds its hold
 			sc.mu.Lock()
@@ -173,10 +193,7 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 		case errors.Is(err, ErrSchemaVersion) || errors.Is(err, ErrInvalidOption):
 			return fmt.Errorf("%w (opening a new lease: %w)", cause, err)
 		}
-		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", pause)
-		if err := sc.sleep(ctx, pause, nil, ended); err != nil {
-			return err
-		}
+		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", sc.pause)
 	}
 }
 
