@@ -9,6 +9,7 @@ package dsync_test
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"log/slog"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/go-sql-driver/mysql"
 )
 
 // replaceSession opens a session WithReplaceLostLease and a TTL of 1s, the
@@ -486,5 +488,89 @@ func TestReplaceLostLeasePace(t *testing.T) {
 	}
 	if err := m.Unlock(bg); err != nil {
 		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+}
+
+// switchConnector opens connections through the connector to, once it is
+// set, else through the one it embeds.
+type switchConnector struct {
+	sqldriver.Connector
+	to atomic.Pointer[sqldriver.Connector]
+}
+
+func (c *switchConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	if to := c.to.Load(); to != nil {
+		return (*to).Connect(ctx)
+	}
+	return c.Connector.Connect(ctx)
+}
+
+// connectorOf returns a connector for dsn.
+func connectorOf(t *testing.T, dsn string) sqldriver.Connector {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestLostSessionEndsBellConnOpen: a Lock (without a deadline) that is
+// opening a connection to block on the holder's doorbell when the network
+// goes dark, so that the open never completes, returns ErrSessionExpired
+// once its session is lost, as every wait of a lost session does.
+func TestLostSessionEndsBellConnOpen(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	dark, darkDSN := dbtest.FaultProxy(t)
+	dark.Cut(true) // no connection through it ever opens
+	conns := &switchConnector{Connector: connectorOf(t, dsn)}
+	db := sql.OpenDB(conns)
+	t.Cleanup(func() { db.Close() })
+	direct := dbtest.Open(t)
+	name := lockName(t)
+
+	holder := dsync.NewMutex(faultSession(t, direct, 10*time.Second), name)
+	if err := holder.Lock(bg); err != nil {
+		t.Fatalf("holder's Lock: got %v; want nil", err)
+	}
+	ws := faultSession(t, db, time.Second)
+	// The session's statement connections open before the dark: only the
+	// waiter's doorbell connection is opened after it.
+	warm := dsync.NewMutex(ws, name+"/warm")
+	if err := warm.Lock(bg); err != nil {
+		t.Fatalf("Lock of another name: got %v; want nil", err)
+	}
+	if err := warm.Unlock(bg); err != nil {
+		t.Fatalf("Unlock of another name: got %v; want nil", err)
+	}
+	to := connectorOf(t, darkDSN)
+	conns.to.Store(&to)
+
+	ctx, cancel := context.WithCancel(bg) // no deadline; ends the Lock when the test fails
+	defer cancel()
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- dsync.NewMutex(ws, name).Lock(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); dsync.BellWaitConnsInUse(ws) == 0 || dark.Stats().Accepted == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiter: not opening a doorbell connection after 10s (in use %d, dark connections %d; the fault did not happen)",
+				dsync.BellWaitConnsInUse(ws), dark.Stats().Accepted)
+		}
+	}
+	p.Cut(true) // and the renewals get no answer
+	if !isClosed(ws.Done(), 3*time.Second) {
+		t.Fatalf("waiter's Done: still open 3s after the cut; want closed (the lease lost)")
+	}
+	select {
+	case err := <-lockErr:
+		if !errors.Is(err, dsync.ErrSessionExpired) {
+			t.Errorf("waiter's Lock after its session was lost: got %v; want ErrSessionExpired", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter's Lock: still opening its doorbell connection 5s after its session was lost")
 	}
 }
