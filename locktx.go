@@ -141,12 +141,11 @@ func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 }
 
 func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
-	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, tx, wait) })
+	c := m.s.track(kindMutex, "locktx", m.name, wait)
+	return m.s.withLease(ctx, c, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, c, tx, wait) })
 }
 
-func (m *Mutex) lockTxOn(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
-	c := m.s.track(kindMutex, "locktx", m.name, wait)
-	defer c.done(&ok, &err)
+func (m *Mutex) lockTxOn(ctx context.Context, c *call, tx *sql.Tx, wait bool) (ok bool, err error) {
 	if m.err != nil {
 		return false, m.err
 	}

@@ -108,12 +108,11 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 // lock runs lockOn on the current lease, and again on a new one where a
 // lost lease is replaced (see Session.withLease).
 func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
-	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, wait) })
+	c := m.s.track(kindMutex, "lock", m.name, wait)
+	return m.s.withLease(ctx, c, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, c, wait) })
 }
 
-func (m *Mutex) lockOn(ctx context.Context, wait bool) (ok bool, err error) {
-	c := m.s.track(kindMutex, "lock", m.name, wait)
-	defer c.done(&ok, &err)
+func (m *Mutex) lockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	if m.err != nil {
 		return false, m.err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/faultproxy"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -111,6 +112,9 @@ func TestReplaceLostLeaseWaiter(t *testing.T) {
 		t.Fatalf("waiter's Lock during the outage: returned %v; want it still waiting", err)
 	default:
 	}
+	if got := ws.Stats().Waiting; got != 1 {
+		t.Errorf("Stats.Waiting while the Lock waits for a new lease: got %d; want 1", got)
+	}
 
 	p.Refuse(false)
 	p.Cut(false)
@@ -139,6 +143,10 @@ func TestReplaceLostLeaseWaiter(t *testing.T) {
 	}
 	if got := ws.ID(); got != renewed {
 		t.Errorf("session ID while holding: got %d; want %d, the new lease", got, renewed)
+	}
+	if st := ws.Stats(); st.Waiting != 0 || st.Contended != 1 || st.WaitTime < outage {
+		t.Errorf("Stats after the Lock across the lost lease: got Waiting %d, Contended %d, WaitTime %v; want 0, 1 and at least the outage, %v",
+			st.Waiting, st.Contended, st.WaitTime, outage)
 	}
 	if h := readHoldState(t, direct, "Mutex", name); len(h.holders) != 1 || h.holders[0] != renewed {
 		t.Errorf("lock row's holder: got %v; want [%d], the new lease (lost: %d)", h.holders, renewed, lost)
@@ -261,20 +269,32 @@ func replaceLostLeaseHold(t *testing.T, kind string) {
 	}
 }
 
-// TestReplaceLostLeaseClose: Close while a Lock waits for a new lease (the
-// database refusing connections) ends the wait with ErrSessionClosed and
-// opens no lease after it.
-func TestReplaceLostLeaseClose(t *testing.T) {
-	bg := context.Background()
+// lostRefused returns a session made WithReplaceLostLease (see
+// replaceSession) through a fault proxy, once it has lost its lease to the
+// network cut, and with the proxy refusing every new connection.
+func lostRefused(t *testing.T) (*faultproxy.Proxy, *dsync.Session) {
+	t.Helper()
 	p, dsn := dbtest.FaultProxy(t)
 	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
-	m := dsync.NewMutex(ws, lockName(t))
 	done := ws.Done()
 	p.Cut(true)
 	p.Refuse(true)
 	if !isClosed(done, 3*time.Second) {
 		t.Fatalf("Done: still open 3s after the cut; want closed")
 	}
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
+	}
+	return p, ws
+}
+
+// TestReplaceLostLeaseClose: Close while a Lock waits for a new lease (the
+// database refusing connections) ends the wait with ErrSessionClosed and
+// opens no lease after it.
+func TestReplaceLostLeaseClose(t *testing.T) {
+	bg := context.Background()
+	p, ws := lostRefused(t)
+	m := dsync.NewMutex(ws, lockName(t))
 	lockErr := make(chan error, 1)
 	go func() { lockErr <- m.Lock(bg) }()
 	time.Sleep(300 * time.Millisecond) // it tries for a new lease
@@ -427,18 +447,8 @@ func TestReplaceLostLeaseTxWaiting(t *testing.T) {
 // one per call.
 func TestReplaceLostLeasePace(t *testing.T) {
 	bg := context.Background()
-	p, dsn := dbtest.FaultProxy(t)
-	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
+	p, ws := lostRefused(t)
 	m := dsync.NewMutex(ws, lockName(t))
-	done := ws.Done()
-	p.Cut(true)
-	p.Refuse(true)
-	if !isClosed(done, 3*time.Second) {
-		t.Fatalf("Done: still open 3s after the cut; want closed")
-	}
-	if st := p.Stats(); st.Dropped == 0 {
-		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
-	}
 
 	ctx, cancel := context.WithCancel(bg)
 	var wg sync.WaitGroup

@@ -95,13 +95,12 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // rlock takes a read hold, on the current lease, and again on a new one
 // where a lost lease is replaced (see Session.withLease).
 func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
-	return q.s.withLease(ctx, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, wait) })
+	c := q.s.track(kindQueue, "rlock", q.name, wait)
+	return q.s.withLease(ctx, c, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, c, wait) })
 }
 
 // rlockOn takes a read hold: joining one of this process, or with a ticket.
-func (q *queued) rlockOn(ctx context.Context, wait bool) (ok bool, err error) {
-	c := q.s.track(kindQueue, "rlock", q.name, wait)
-	defer c.done(&ok, &err)
+func (q *queued) rlockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	if err := q.precheck(ctx, "rlock"); err != nil {
 		return false, err
 	}

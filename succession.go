@@ -64,8 +64,11 @@ func (s *Session) current() *Session {
 // withLease runs call, a lock call that holds nothing when it fails, on the
 // current lease. On a session made WithReplaceLostLease, when call failed
 // because its lease was lost, it replaces the lease (see replace) and runs
-// call again on the new one, until ctx ends.
-func (s *Session) withLease(ctx context.Context, call func(*Session) (bool, error)) (bool, error) {
+// call again on the new one, until ctx ends. c counts the lock call (see
+// track) from its start to its return, across leases, the wait for a new
+// one included.
+func (s *Session) withLease(ctx context.Context, c *call, call func(*Session) (bool, error)) (ok bool, err error) {
+	defer c.done(&ok, &err)
 	for {
 		g := s.current()
 		ok, err := call(g)
@@ -73,7 +76,7 @@ func (s *Session) withLease(ctx context.Context, call func(*Session) (bool, erro
 		if err == nil || s.line == nil || !errors.Is(err, ErrSessionExpired) || ctx.Err() != nil || errors.As(err, &final) {
 			return ok, err
 		}
-		if err := s.line.replace(ctx, g, err); err != nil {
+		if err := s.line.replace(ctx, c, g, err); err != nil {
 			return false, err
 		}
 	}
@@ -112,7 +115,7 @@ const unusedPoll = 50 * time.Millisecond
 // of lost remains (the loss is then reported, as without the option);
 // ErrSessionClosed after Close; or, when ctx ends first, an error wrapping
 // cause and ctx.Err().
-func (sc *succession) replace(ctx context.Context, lost *Session, cause error) error {
+func (sc *succession) replace(ctx context.Context, c *call, lost *Session, cause error) error {
 	ended := func() error {
 		if sc.closing.Err() != nil {
 			return ErrSessionClosed
@@ -135,6 +138,7 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 	case !errors.Is(lost.leaseErr(), ErrSessionExpired):
 		return cause
 	}
+	c.noteWait() // for a new lease (see Stats)
 	// The calls still running on lost end promptly (they end with its
 	// lease), but one may have been granted just before the loss and
 	// become a hold: look again now and then.
