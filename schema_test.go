@@ -320,3 +320,58 @@ func TestSchemaForeignTable(t *testing.T) {
 		t.Errorf("tables of the prefix after the refused NewSession: got %d; want the 1 it had", tables)
 	}
 }
+
+// TestSchemaUpgradeFrom5 checks the in-place upgrade of tables of schema
+// version 5 (without the held_since columns): NewSession refuses them with
+// an ErrSchemaVersion that names the statements, which, run as they are,
+// leave the tables that NewSession creates, and a session then starts on
+// them.
+func TestSchemaUpgradeFrom5(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	old, fresh := freshPrefix("schemav5"), freshPrefix("schemav6")
+	for _, p := range []string{old, fresh} {
+		if err := sessionOn(t, db, dsync.WithTablePrefix(p)).Close(); err != nil {
+			t.Fatalf("Close: got %v; want <nil>", err)
+		}
+	}
+	for _, q := range []string{
+		"ALTER TABLE `" + old + "lock` DROP COLUMN held_since",
+		"ALTER TABLE `" + old + "queue` DROP COLUMN held_since",
+		"ALTER TABLE `" + old + "ticket` DROP COLUMN held_since",
+		"UPDATE `" + old + "schema` SET version = 5",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(old))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables of version 5: got %v; want ErrSchemaVersion", err)
+	}
+	msg := err.Error()
+	_, stmts, ok := strings.Cut(msg, "run:\n")
+	if !ok || strings.Count(stmts, "ALTER TABLE") != 3 {
+		t.Fatalf("ErrSchemaVersion of version 5: got %q; want the statements that upgrade the tables", msg)
+	}
+	for _, q := range strings.SplitAfter(stmts, ";") {
+		if q = strings.TrimSpace(q); q != "" {
+			if _, err := db.Exec(q); err != nil {
+				t.Fatalf("running %q from the error: %v", q, err)
+			}
+		}
+	}
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+		u, c := showCreate(t, db, old+table), showCreate(t, db, fresh+table)
+		if strings.ReplaceAll(u, old, fresh) != c {
+			t.Errorf("table %s: the upgrade made\n%s\nNewSession makes\n%s", table, u, c)
+		}
+	}
+	s = sessionOn(t, db, dsync.WithTablePrefix(old))
+	if ok, err := dsync.NewMutex(s, "x").TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock on the upgraded tables: got %v, %v; want true, nil", ok, err)
+	}
+}
