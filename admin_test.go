@@ -77,6 +77,17 @@ func showCreate(t *testing.T, db *sql.DB, table string) string {
 	return stmt
 }
 
+// twoSessions returns the test database, a fresh table prefix made from
+// tag, and two sessions on its tables with the labels a and b, closed
+// when the test ends.
+func twoSessions(t *testing.T, tag, a, b string) (*sql.DB, string, *dsync.Session, *dsync.Session) {
+	t.Helper()
+	db := dbtest.Open(t)
+	prefix := freshPrefix(tag)
+	return db, prefix, sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel(a)),
+		sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel(b))
+}
+
 // findHold returns the hold of name, kind and lease id in locks.
 func findHold(locks []dsync.LockInfo, name string, kind dsync.LockKind, session int64) (dsync.LockInfo, bool) {
 	for _, l := range locks {
@@ -250,10 +261,7 @@ func TestListLocks(t *testing.T) {
 // a queued lock: the writer, not the readers queued behind it.
 func TestListLocksWriterAhead(t *testing.T) {
 	bg := context.Background()
-	db := dbtest.Open(t)
-	prefix := freshPrefix("lsw")
-	w := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("writer"))
-	r := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("reader"))
+	db, prefix, w, r := twoSessions(t, "lsw", "writer", "reader")
 	rw := dsync.NewRWMutex(w, "rw")
 	if err := rw.Lock(bg); err != nil {
 		t.Fatal(err)
@@ -471,10 +479,7 @@ const heldSlack = 20 * time.Millisecond
 // for sure and the time since they could have begun.
 func TestListLocksHeldIsTheHolds(t *testing.T) {
 	bg := context.Background()
-	db := dbtest.Open(t)
-	prefix := freshPrefix("held")
-	a := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("a"))
-	b := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel("b"))
+	db, prefix, a, b := twoSessions(t, "held", "a", "b")
 	sessionStarted := time.Now()
 
 	// b holds three queued locks that a waits for, a second long.

@@ -193,7 +193,7 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // lock.kind, so a Mutex and a FairMutex of one name were two locks, and
 // its code would take a name that this version's queued locks use;
 // version 5 had no held_since columns (lock, queue, ticket), which
-// ListLocks reads. migrateFrom5 upgrades version 5 in place.
+// ListLocks reads (qUpgradeFrom5 upgrades version 5 in place).
 const schemaVersion = 6
 
 // qUpgradeFrom5 upgrades tables of schema version 5 to this version in
