@@ -58,20 +58,32 @@ type LockInfo struct {
 	Session int64    // the holder's lease id (see Session.ID)
 	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none
 
-	// Held is an upper bound of how long the lock has been held: the time
-	// since the holder's session started, on the database's clock. (The
-	// tables record no acquisition time: writing one on every acquisition
-	// would slow the uncontended path.)
+	// Held is how long the lock has been held, on the database's clock:
+	// since the statement that took it (the tables record when, see
+	// "held_since" in queries.go). A Mutex.LockTx hold counts from the
+	// take of the lock row, right before the caller's transaction gets it,
+	// and lasts until that transaction ends. For KindWrite and KindRead, a
+	// waiting ticket whose turn has come but whose holder has not seen it
+	// yet (a poll or a doorbell away) is listed as a hold, with Held an
+	// overestimate: since the ticket was taken or, for KindWrite, since
+	// the exclusive hold before it began, whichever is later. Holds taken
+	// by a dsync of schema version 5 on upgraded tables (see
+	// [ErrSchemaVersion]) show a wrong Held.
 	Held time.Duration
 
-	// Waiters counts the sessions waiting for the lock. For the queued locks
-	// (KindWrite, KindRead) it is the number of live tickets of the name that
-	// do not hold it: each waiting session's ticket (goroutines of one
-	// process wait behind one ticket), whatever side they wait for. Mutex
-	// waiters are not queued in the database (they block on the holder's
-	// doorbell, or poll): for KindMutex it is 1 while one of them has
-	// claimed the next hold (see Mutex) and 0 otherwise, so it counts at
-	// most that one.
+	// Waiters counts the sessions waiting for the lock, as far as the
+	// database records them. For the queued locks (KindWrite, KindRead) it
+	// is exact: the number of live tickets of the name that do not hold it,
+	// each waiting session's ticket (goroutines of one process wait behind
+	// one ticket), whatever side they wait for; every hold of the name has
+	// the same count. For KindMutex it is a lower bound, 1 while a waiter
+	// has claimed the next hold (see Mutex) and 0 otherwise: the tables
+	// name that one waiter only. The others block on the holder's doorbell
+	// (a GET_LOCK, see doorbell.go), which no table records, and which the
+	// server's process list shows without its lock's name (the wait is a
+	// prepared statement, and a doorbell is a session's, not a lock's).
+	// A waiter on a doorbell claims at once, one that polls (no doorbell)
+	// once it has waited 100 ms (10 ms on a Galera cluster).
 	Waiters int
 }
 
@@ -187,8 +199,8 @@ func appendHolds(locks []LockInfo, line []ticketInfo) []LockInfo {
 	return locks
 }
 
-// heldFor converts the microseconds since a lease was created into a
-// duration, never negative.
+// heldFor converts the microseconds since a hold began into a duration,
+// never negative.
 func heldFor(micros int64) time.Duration {
 	return time.Duration(max(micros, 0)) * time.Microsecond
 }

@@ -272,6 +272,9 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	}
 	if w.mode == modeShared || !first {
 		ahead, err = t.conflicts(ctx, name, 0, w.ticket, w.mode)
+		if err == nil && ahead == 0 && w.mode == modeShared {
+			t.granted(ctx, name, w)
+		}
 		if err != nil || ahead > 0 || w.mode == modeShared {
 			return ahead, 0, err
 		}
@@ -295,6 +298,16 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 		if err := t.createRow(ctx, c, name); err != nil {
 			return 0, 0, err
 		}
+	}
+}
+
+// granted records that the shared ticket of w, which waited, holds the
+// lock from now on (qTicketGranted), for ListLocks. The hold does not
+// depend on it: a failure is only logged, and the ticket's held_since
+// stays the time of its insert, earlier than the hold's start.
+func (t *tickets) granted(ctx context.Context, name string, w *waiter) {
+	if _, err := t.st.exec(ctx, sTicketGranted, name, w.ticket, t.id, w.token); err != nil {
+		t.st.logger.Debug("dsync: record the start of a read hold failed", "lock", name, "err", err)
 	}
 }
 

@@ -96,6 +96,7 @@ const (
 `
 	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
       --connect-timeout D   give up after D (default 10s)
+      (dsync ls --help: what each column means)
 `
 	schemaUsage = `dsync schema [--prefix P]                    the CREATE TABLE statements
 `
@@ -108,7 +109,7 @@ const (
 )
 
 // usages maps each command to its usage.
-var usages = map[string]string{"run": runUsage, "ls": lsUsage, "schema": schemaUsage, "release": releaseUsage}
+var usages = map[string]string{"run": runUsage, "ls": lsUsage + lsColumns, "schema": schemaUsage, "release": releaseUsage}
 
 var (
 	stdout io.Writer = os.Stdout

@@ -559,7 +559,7 @@ func TestExitStatusUsage(t *testing.T) {
 		{[]string{"--help"}, usage},
 		{[]string{"-h"}, usage},
 		{[]string{"run", "-h"}, "usage:\n" + runUsage},
-		{[]string{"ls", "--help"}, "usage:\n" + lsUsage},
+		{[]string{"ls", "--help"}, "usage:\n" + lsUsage + lsColumns},
 		{[]string{"release", "-help"}, "usage:\n" + releaseUsage},
 	} {
 		r := runDsync(t, help.args...)
