@@ -53,6 +53,9 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 			continue
 		}
 		if _, err := c.ExecContext(ctx, q.creates[i]); err != nil {
+			if isErrNo(err, errTableAccessDenied) {
+				return opErrorf(err, "create table %s (grant CREATE on it, or have it created from the output of dsync schema)", table)
+			}
 			return opErrorf(err, "create table %s", table)
 		}
 		if i == 0 {
