@@ -129,8 +129,20 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	if one {
 		mutexes, tickets, args = q.listMutexesOf, q.listTicketsOf, []any{name}
 	}
+	// Both reads in one short transaction at READ COMMITTED, ended before
+	// returning, whatever the DSN sets: with autocommit off a plain read
+	// would begin a transaction that the next call on that pooled
+	// connection goes on with, reading the first call's snapshot (leases
+	// whose expires_at never moves drop out of the list), and at
+	// SERIALIZABLE its reads would take shared locks that hold up the
+	// holders' renewals.
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true})
+	if err != nil {
+		return nil, opErrorf(err, "list locks")
+	}
+	defer tx.Rollback()   // read only: nothing to commit
 	locks := []LockInfo{} // not nil: an empty list, for JSON too
-	if err := scanRows(ctx, db, mutexes, args, func(rows *sql.Rows) error {
+	if err := scanRows(ctx, tx, mutexes, args, func(rows *sql.Rows) error {
 		l := LockInfo{Kind: KindMutex}
 		var held int64
 		if err := rows.Scan(&l.Name, &l.Holder, &l.Session, &l.Fence, &held, &l.Waiters); err != nil {
@@ -143,7 +155,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		return nil, opErrorf(err, "list Mutex holders")
 	}
 	var line []ticketInfo // the live tickets of one name, in line order
-	if err := scanRows(ctx, db, tickets, args, func(rows *sql.Rows) error {
+	if err := scanRows(ctx, tx, tickets, args, func(rows *sql.Rows) error {
 		var t ticketInfo
 		var held int64
 		if err := rows.Scan(&t.Name, &t.seq, &t.mode, &t.Session, &t.Holder, &held, &t.Fence); err != nil {
@@ -206,8 +218,8 @@ func heldFor(micros int64) time.Duration {
 }
 
 // scanRows runs query with args on db and calls scan for every row.
-func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) error) error {
-	rows, err := db.QueryContext(ctx, query, args...)
+func scanRows(ctx context.Context, tx *sql.Tx, query string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -261,12 +273,23 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 		return false, opErrorf(err, "force release %q", name)
 	}
 	defer c.Close()
-	res, err := c.ExecContext(ctx, q.forceRelease, name)
+	// In a transaction of its own, committed here, whatever the DSN sets:
+	// with autocommit off a plain UPDATE would not commit, and the release
+	// would be rolled back when the connection ends.
+	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return false, opErrorf(err, "force release %q", name)
 	}
-	n, err := res.RowsAffected()
+	res, err := tx.ExecContext(ctx, q.forceRelease, name)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
+		_ = tx.Rollback()
 		return false, opErrorf(err, "force release %q", name)
 	}
 	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {

@@ -4,9 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
@@ -551,5 +555,69 @@ func TestListLocksHeldIsTheHolds(t *testing.T) {
 			t.Errorf("Held of %s (%s): got %v; want from %v (held for sure) to %v (since b released), not the session's age %v",
 				l.Name, l.Kind, l.Held, heldFor, upper, sessionAge)
 		}
+	}
+}
+
+// TestAdminUnderDSNSettings: ListLocks, LockHolders and ForceRelease on a
+// *sql.DB whose DSN turns autocommit off, alone and with SERIALIZABLE, as
+// dsync run's --dsn may. Their reads must not stay in one snapshot across
+// calls (with autocommit off the first read begins a transaction that
+// the next call on that connection goes on with: the lease's expires_at
+// would never move, and a live hold would drop out of the list, which
+// dsync run takes for a forced release), nor keep shared locks that hold
+// up the holder's renewals; and ForceRelease's release must commit.
+func TestAdminUnderDSNSettings(t *testing.T) {
+	iso := isolationVar(t, dbtest.Open(t))
+	for _, params := range []map[string]string{
+		{"autocommit": "0"},
+		{"autocommit": "0", iso: "'SERIALIZABLE'"},
+	} {
+		t.Run(fmt.Sprint(params), func(t *testing.T) {
+			bg := context.Background()
+			cfg, err := mysql.ParseDSN(dbtest.DSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Params == nil {
+				cfg.Params = map[string]string{}
+			}
+			maps.Copy(cfg.Params, params)
+			admin := dbtest.OpenDSN(t, cfg.FormatDSN())
+			admin.SetMaxOpenConns(1) // every call on the one connection
+			prefix := freshPrefix("adm")
+			holder := sessionOn(t, dbtest.Open(t), dsync.WithTablePrefix(prefix), dsync.WithTTL(time.Second))
+			other := sessionOn(t, dbtest.Open(t), dsync.WithTablePrefix(prefix))
+			m := dsync.NewMutex(holder, "job")
+			if err := m.Lock(bg); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				if i > 0 {
+					time.Sleep(1200 * time.Millisecond) // past the lease's expires_at as the first look read it
+				}
+				holds, err := dsync.LockHolders(bg, admin, prefix, "job")
+				if err != nil || len(holds) != 1 || holds[0].Session != holder.ID() {
+					t.Fatalf("LockHolders, look %d: got %+v, %v; want the live hold of session %d", i, holds, err, holder.ID())
+				}
+			}
+			if err := holder.Err(); err != nil {
+				t.Fatalf("the holder's session after the looks: %v; want live (renewals not held up)", err)
+			}
+			if ok, err := dsync.ForceRelease(bg, admin, prefix, "job"); !ok || err != nil {
+				t.Fatalf("ForceRelease: got %v, %v; want true, nil", ok, err)
+			}
+			ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+			defer cancel()
+			m2 := dsync.NewMutex(other, "job")
+			if ok, err := m2.TryLock(ctx); !ok || err != nil {
+				t.Fatalf("another session's TryLock after ForceRelease: got %v, %v; want true, nil (the release committed)", ok, err)
+			}
+			if err := m2.Unlock(bg); err != nil {
+				t.Error(err)
+			}
+			if err := m.Unlock(bg); !errors.Is(err, dsync.ErrReleasedByForce) {
+				t.Errorf("the old holder's Unlock: got %v; want ErrReleasedByForce", err)
+			}
+		})
 	}
 }

@@ -200,12 +200,14 @@ const schemaVersion = 6
 // place: the held_since columns, as qCreateLock, qCreateQueue and
 // qCreateTicket have them, and the version record. NewSession never runs
 // it (dsync never alters tables): the ErrSchemaVersion of tables of
-// version 5 names it, for an operator to run (the ALTERs are instant on
-// MariaDB 10.6+ and MySQL 8, but wait for every transaction using the
-// table, LockTx's included, and hold up the lock statements meanwhile).
-// Old processes work on the upgraded tables (their statements name their
+// version 5 names it, for an operator to run. The ALTERs are instant on
+// MariaDB 10.6+ and MySQL 8, but each waits for every transaction using
+// its table, LockTx's included, and the lock statements queue behind it
+// meanwhile: lock_wait_timeout makes it give up after 5 s instead. Old
+// processes work on the upgraded tables (their statements name their
 // columns); only their NewSession refuses them.
-const qUpgradeFrom5 = `ALTER TABLE {lock} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
+const qUpgradeFrom5 = `SET SESSION lock_wait_timeout = 5;
+ALTER TABLE {lock} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
 ALTER TABLE {queue} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
 ALTER TABLE {ticket} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
 UPDATE {schema} SET version = 6 WHERE id = 1 AND version = 5;`

@@ -89,7 +89,7 @@ func versionError(q *queries, version int) error {
 	how := "to move to this version, stop the processes that use them, drop the tables of the prefix, and let NewSession create them again"
 	switch {
 	case version == 5 && schemaVersion == 6:
-		how = "to upgrade them in place (the processes that use them may run on), run:\n" + q.upgrade5
+		how = "to upgrade them in place (the processes that use them may run on; each ALTER waits for the transactions using its table, LockTx's included, and lock statements queue behind it: the SET bounds that wait), run:\n" + q.upgrade5
 	case version > schemaVersion:
 		how = "they are a newer dsync's: use that version"
 	}

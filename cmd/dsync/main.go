@@ -91,7 +91,7 @@ const (
   lock not obtained; 78 the name is used by another kind of lock (--fair,
   --read and --write against none of them); 70 the hold was lost while the
   command ran: the lease lost or at risk, or the Mutex released by force
-  (dsync release --force, seen within about TTL/3): dsync stopped the
+  (dsync release --force, seen within about 2 × TTL/3): dsync stopped the
   command (unless it had ended); 69 database unusable; 64 usage.
 `
 	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now

@@ -362,7 +362,7 @@ func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
 	msg := fmt.Sprintf("dsync: waiting for lock %q", c.name)
 	if len(blocking) > 0 {
 		h := blocking[0]
-		msg += fmt.Sprintf(" held by %s for up to %s", h.Holder, roughly(h.Held))
+		msg += fmt.Sprintf(" held by %s for %s", h.Holder, roughly(h.Held))
 		if n := len(blocking) - 1; n > 0 {
 			msg += fmt.Sprintf(" (and %d more holders)", n)
 		}

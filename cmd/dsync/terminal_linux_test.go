@@ -143,7 +143,7 @@ func TestTerminal(t *testing.T) {
 	p := startCmd(t, sh, nil, nil)
 
 	waitFor(t, "dsync to say what it waits for", func() bool { return strings.Contains(tty.output(), "waiting for lock") })
-	want := fmt.Sprintf("dsync: waiting for lock %q held by pty-holder for up to ", name)
+	want := fmt.Sprintf("dsync: waiting for lock %q held by pty-holder for ", name)
 	if out := tty.output(); !strings.Contains(out, want) {
 		t.Errorf("terminal: got %q; want a line starting %q", out, want)
 	}
