@@ -59,6 +59,7 @@ func awaitNewLease(t *testing.T, s *dsync.Session, old int64, limit time.Duratio
 // under the new lease once the database is back and the holder releases
 // it, with a greater fence.
 func TestReplaceLostLeaseWaiter(t *testing.T) {
+	slowTest(t)
 	const outage = 2 * time.Second
 	bg := context.Background()
 	p, dsn := dbtest.FaultProxy(t)
@@ -446,6 +447,7 @@ func TestReplaceLostLeaseTxWaiting(t *testing.T) {
 // with a 20ms ctx in a loop cost a few connection attempts a second, not
 // one per call.
 func TestReplaceLostLeasePace(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	p, ws := lostRefused(t)
 	m := dsync.NewMutex(ws, lockName(t))

@@ -92,6 +92,7 @@ func TestSlowLinkLockRightAfterNewSession(t *testing.T) {
 // ctx ends, and no session loses its lease, since renewals need no new
 // connection.
 func TestMaxConnectionsKeepsLeases(t *testing.T) {
+	slowTest(t)
 	const (
 		ttl      = time.Second
 		sessions = 12
