@@ -59,6 +59,14 @@ func TxCheckAnyServer() (restore func()) {
 	return func() { txAnyServerHook.Store(false) }
 }
 
+// EnqueueAsOnCluster makes every session enqueue its queued locks' waiters
+// with the statements of a Galera cluster (qTicketNumber, qTicketAdd), on
+// any server, until the returned function is called.
+func EnqueueAsOnCluster() (restore func()) {
+	clusterEnqueueHook.Store(true)
+	return func() { clusterEnqueueHook.Store(false) }
+}
+
 // AfterTxHandOver makes f run each time LockTx has handed a name's lock
 // row to the caller's transaction, before it checks the session's lease,
 // until the returned function is called.

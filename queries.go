@@ -624,16 +624,26 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// other conflict at certification (one is rolled back and retried), and
 	// a ticket is numbered only on a node that has applied every lower one
 	// (it read the counter they set, in the transaction that inserted them).
-	// qTicketNumber: args name, mode, name; LastInsertId: twice the new
-	// number, plus 1 when something a ticket of the mode conflicts with is
-	// ahead of it (as for qTicketInsert; every enqueue and every take of
-	// the head slot writes the per-name row, so one committed meanwhile on
+	// qTicketNumber: args mode, name; LastInsertId: twice the new number,
+	// plus 1 when something a ticket of the mode conflicts with is ahead
+	// of it (as for qTicketInsert; every enqueue and every take of the
+	// head slot writes the per-name row, so one committed meanwhile on
 	// another node fails this transaction's certification); 0: the
 	// per-name row is missing. qTicketAdd: args name, ticket, lease id,
 	// token, mode (the ticket is half the LastInsertId of qTicketNumber,
 	// rounded down).
+	//
+	// Every subquery names the row being updated ({queue}.name), never an
+	// argument: at READ COMMITTED a statement's plain reads share one view,
+	// made at its first plain read, and a subquery that depends on no
+	// column of the row may be evaluated before the row is locked (MariaDB
+	// 10.11 does), making the view before the wait for the row. With the
+	// name as an argument, an enqueue that waited for the row behind
+	// another one's transaction read the seq that transaction wrote but
+	// not the ticket it inserted: its reader saw no writer ahead and held
+	// the lock with it (TestClusterEnqueueSeesTicketCommittedWhileWaiting).
 	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (GREATEST(seq,
-  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = {queue}.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
   + IF(` + ticketConflictQueue + `, 1, 0)) DIV 2
 WHERE name = ?`
 	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`

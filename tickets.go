@@ -163,7 +163,7 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
-		if t.st.galera {
+		if t.st.galera || clusterEnqueueHook.Load() {
 			number, err = t.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
@@ -187,6 +187,10 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 	}
 }
 
+// clusterEnqueueHook, when set (by tests), makes every session enqueue as
+// on a Galera cluster (insertTicketTx), whatever the server.
+var clusterEnqueueHook atomic.Bool
+
 // insertTicketTx enqueues on a Galera cluster: the name's counter and the
 // ticket in one transaction (see qTicketNumber), run again while a
 // certification conflict with another node's enqueue rolls it back. It
@@ -206,7 +210,7 @@ func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, 
 		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
 			number = 0
 			err := enqueueTx(ctx, c, func() error {
-				res, err := next.ExecContext(ctx, name, mode, name)
+				res, err := next.ExecContext(ctx, mode, name)
 				if err == nil {
 					number, err = res.LastInsertId()
 				}
