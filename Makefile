@@ -9,9 +9,9 @@ GO ?= go
 # The oldest Go release the module supports: the go line of go.mod. make
 # test-oldest-go runs make test with it (the go command downloads that
 # toolchain through the module proxy when it is not in the module cache),
-# with -short, which leaves out the seven slowest tests (slowTest in
-# mutex_test.go; about two minutes of waiting): make test, with the current
-# Go, has run them.
+# with -short, which leaves out the slowest tests (slowTest in
+# mutex_test.go: those of 3 seconds or more, about three minutes of
+# waiting): make test, with the current Go, has run them.
 OLDEST_GO ?= go1.24.13
 
 .PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera

@@ -58,20 +58,32 @@ type LockInfo struct {
 	Session int64    // the holder's lease id (see Session.ID)
 	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none
 
-	// Held is an upper bound of how long the lock has been held: the time
-	// since the holder's session started, on the database's clock. (The
-	// tables record no acquisition time: writing one on every acquisition
-	// would slow the uncontended path.)
+	// Held is how long the lock has been held, on the database's clock:
+	// since the statement that took it (the tables record when, see
+	// "held_since" in queries.go). A Mutex.LockTx hold counts from the
+	// take of the lock row, right before the caller's transaction gets it,
+	// and lasts until that transaction ends. For KindWrite and KindRead, a
+	// waiting ticket whose turn has come but whose holder has not seen it
+	// yet (a poll or a doorbell away) is listed as a hold, with Held an
+	// overestimate: since the ticket was taken or, for KindWrite, since
+	// the exclusive hold before it began, whichever is later. Holds taken
+	// by a dsync of schema version 5 on upgraded tables (see
+	// [ErrSchemaVersion]) show a wrong Held.
 	Held time.Duration
 
-	// Waiters counts the sessions waiting for the lock. For the queued locks
-	// (KindWrite, KindRead) it is the number of live tickets of the name that
-	// do not hold it: each waiting session's ticket (goroutines of one
-	// process wait behind one ticket), whatever side they wait for. Mutex
-	// waiters are not queued in the database (they block on the holder's
-	// doorbell, or poll): for KindMutex it is 1 while one of them has
-	// claimed the next hold (see Mutex) and 0 otherwise, so it counts at
-	// most that one.
+	// Waiters counts the sessions waiting for the lock, as far as the
+	// database records them. For the queued locks (KindWrite, KindRead) it
+	// is exact: the number of live tickets of the name that do not hold it,
+	// each waiting session's ticket (goroutines of one process wait behind
+	// one ticket), whatever side they wait for; every hold of the name has
+	// the same count. For KindMutex it is a lower bound, 1 while a waiter
+	// has claimed the next hold (see Mutex) and 0 otherwise: the tables
+	// name that one waiter only. The others block on the holder's doorbell
+	// (a GET_LOCK, see doorbell.go), which no table records, and which the
+	// server's process list shows without its lock's name (the wait is a
+	// prepared statement, and a doorbell is a session's, not a lock's).
+	// A waiter on a doorbell claims at once, one that polls (no doorbell)
+	// once it has waited 100 ms (10 ms on a Galera cluster).
 	Waiters int
 }
 
@@ -117,8 +129,20 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	if one {
 		mutexes, tickets, args = q.listMutexesOf, q.listTicketsOf, []any{name}
 	}
+	// Both reads in one short transaction at READ COMMITTED, ended before
+	// returning, whatever the DSN sets: with autocommit off a plain read
+	// would begin a transaction that the next call on that pooled
+	// connection goes on with, reading the first call's snapshot (leases
+	// whose expires_at never moves drop out of the list), and at
+	// SERIALIZABLE its reads would take shared locks that hold up the
+	// holders' renewals.
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true})
+	if err != nil {
+		return nil, opErrorf(err, "list locks")
+	}
+	defer tx.Rollback()   // read only: nothing to commit
 	locks := []LockInfo{} // not nil: an empty list, for JSON too
-	if err := scanRows(ctx, db, mutexes, args, func(rows *sql.Rows) error {
+	if err := scanRows(ctx, tx, mutexes, args, func(rows *sql.Rows) error {
 		l := LockInfo{Kind: KindMutex}
 		var held int64
 		if err := rows.Scan(&l.Name, &l.Holder, &l.Session, &l.Fence, &held, &l.Waiters); err != nil {
@@ -131,7 +155,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		return nil, opErrorf(err, "list Mutex holders")
 	}
 	var line []ticketInfo // the live tickets of one name, in line order
-	if err := scanRows(ctx, db, tickets, args, func(rows *sql.Rows) error {
+	if err := scanRows(ctx, tx, tickets, args, func(rows *sql.Rows) error {
 		var t ticketInfo
 		var held int64
 		if err := rows.Scan(&t.Name, &t.seq, &t.mode, &t.Session, &t.Holder, &held, &t.Fence); err != nil {
@@ -187,15 +211,15 @@ func appendHolds(locks []LockInfo, line []ticketInfo) []LockInfo {
 	return locks
 }
 
-// heldFor converts the microseconds since a lease was created into a
-// duration, never negative.
+// heldFor converts the microseconds since a hold began into a duration,
+// never negative.
 func heldFor(micros int64) time.Duration {
 	return time.Duration(max(micros, 0)) * time.Microsecond
 }
 
 // scanRows runs query with args on db and calls scan for every row.
-func scanRows(ctx context.Context, db *sql.DB, query string, args []any, scan func(*sql.Rows) error) error {
-	rows, err := db.QueryContext(ctx, query, args...)
+func scanRows(ctx context.Context, tx *sql.Tx, query string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -249,12 +273,23 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 		return false, opErrorf(err, "force release %q", name)
 	}
 	defer c.Close()
-	res, err := c.ExecContext(ctx, q.forceRelease, name)
+	// In a transaction of its own, committed here, whatever the DSN sets:
+	// with autocommit off a plain UPDATE would not commit, and the release
+	// would be rolled back when the connection ends.
+	tx, err := c.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return false, opErrorf(err, "force release %q", name)
 	}
-	n, err := res.RowsAffected()
+	res, err := tx.ExecContext(ctx, q.forceRelease, name)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
+		_ = tx.Rollback()
 		return false, opErrorf(err, "force release %q", name)
 	}
 	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {

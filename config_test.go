@@ -483,6 +483,7 @@ func TestCallerConnectionsUntouched(t *testing.T) {
 // and its caller: Lock works, the caller's own queries run while another
 // session of the pool waits, and a pool of 1 is refused at once.
 func TestSmallPool(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db := openDB(t, dbtest.DSN(), 2)
 	s1, s2 := sessionOn(t, db), sessionOn(t, db)

@@ -58,10 +58,15 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently (schema version 5 added the lock table's kind, which
+	// differently (schema version 6 added the held_since columns that
+	// ListLocks reads; version 5 the lock table's kind, which
 	// makes one name one lock across kinds; version 4 the queued locks'
 	// head slot and the txlock table, version 3 the clean-up of free rows); dsync never
-	// alters tables. To move to this version, stop every process of the old
+	// alters tables. Tables of version 5 can be upgraded in place: the
+	// error names the statements (three ALTER TABLE ... ADD COLUMN and an
+	// UPDATE of the version), which an operator runs once; processes of
+	// version 5 keep working on them, but their holds show a wrong age in
+	// ListLocks. Else, to move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
 	// and, if present, txlock), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in

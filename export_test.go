@@ -58,3 +58,19 @@ func TxCheckAnyServer() (restore func()) {
 	txAnyServerHook.Store(true)
 	return func() { txAnyServerHook.Store(false) }
 }
+
+// EnqueueAsOnCluster makes every session enqueue its queued locks' waiters
+// with the statements of a Galera cluster (qTicketNumber, qTicketAdd), on
+// any server, until the returned function is called.
+func EnqueueAsOnCluster() (restore func()) {
+	clusterEnqueueHook.Store(true)
+	return func() { clusterEnqueueHook.Store(false) }
+}
+
+// AfterTxHandOver makes f run each time LockTx has handed a name's lock
+// row to the caller's transaction, before it checks the session's lease,
+// until the returned function is called.
+func AfterTxHandOver(f func(name string)) (restore func()) {
+	txHandOverHook.Store(&f)
+	return func() { txHandOverHook.Store(nil) }
+}

@@ -81,7 +81,7 @@ func (m *FairMutex) Lock(ctx context.Context) error {
 
 // TryLock acquires the lock only if it is free and nobody is waiting for
 // it: it never jumps the line. It returns false, nil otherwise, and errors
-// as Lock does.
+// as Lock does. It waits only for a new lease, as [Mutex.TryLock] says.
 func (m *FairMutex) TryLock(ctx context.Context) (bool, error) {
 	return m.q.lock(ctx, false)
 }

@@ -263,6 +263,7 @@ func childFencedHolder(c childConfig) error {
 // write after it resumes, and its Unlock must return ErrSessionExpired,
 // never nil.
 func TestPausedHolderIsFencedOut(t *testing.T) {
+	slowTest(t)
 	const ttl = 2 * time.Second
 	ctx := context.Background()
 	db := dbtest.Open(t)
@@ -671,6 +672,7 @@ func unlockReplyLost(t *testing.T, kind string) {
 // error wrapping context.DeadlineExceeded. The TTL (6s) is long, so that an
 // overshoot of TTL/3 would show.
 func TestCancellationBoundedOnBlackHole(t *testing.T) {
+	slowTest(t)
 	for _, kind := range faultKinds {
 		t.Run(kind, func(t *testing.T) { cancellationBoundedOnBlackHole(t, kind) })
 	}

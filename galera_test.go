@@ -168,7 +168,12 @@ func galeraState(ctx context.Context, dsn string) (size int, state string, err e
 // wait until the node has applied everything the cluster committed before
 // them (wsrep_sync_wait=1).
 func (g *galeraDB) openSynced(i int) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(g.dsn[i])
+	return openSyncWait(g.dsn[i])
+}
+
+// openSyncWait opens dsn with causal reads (wsrep_sync_wait).
+func openSyncWait(dsn string) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -188,11 +193,13 @@ func (g *galeraDB) synced(t testing.TB, i int) *sql.DB {
 }
 
 // settle waits until every node has applied what the cluster committed so
-// far (DDL included), with one causal read per node.
+// far (DDL included), with one causal read per node, on a connection to
+// no database: one to the test's database fails (1049) on a node that
+// has not applied its CREATE DATABASE yet.
 func (g *galeraDB) settle(t testing.TB) {
 	t.Helper()
 	for i := range galeraNodes {
-		db, err := g.openSynced(i)
+		db, err := openSyncWait(g.base[i])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -183,7 +183,6 @@ func TestHeadSlotHoldsAgainstAll(t *testing.T) {
 // would hold the lock).
 func TestHeadSlotTakeSeesTicketCommittedWhileWaiting(t *testing.T) {
 	ctx := context.Background()
-	db := dbtest.Open(t)
 	name := lockName(t)
 	m := dsync.NewFairMutex(newSession(t), name)
 	if err := m.Lock(ctx); err != nil { // creates the name's row
@@ -192,44 +191,85 @@ func TestHeadSlotTakeSeesTicketCommittedWhileWaiting(t *testing.T) {
 	if err := m.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitsForTicketCommittedMeanwhile(t, name, "Lock", m.Lock, "UPDATE %dsync_queue%SET%holder = IF%",
+		"SELECT name FROM dsync_queue WHERE name = ? FOR UPDATE", "1")
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClusterEnqueueSeesTicketCommittedWhileWaiting plays the race of two
+// enqueues on a Galera cluster (qTicketNumber, run here on a single
+// server, where InnoDB behaves the same): a reader's enqueue waits for the
+// name's row behind a transaction that enqueues a writer, and once it gets
+// the row it must see the writer's ticket ahead of its own. Were the
+// line read before the wait, the reader would number its ticket after the
+// writer's yet see nothing ahead, and hold the lock with the writer
+// (TestGaleraRWMutexWriterVsReaders: a reader and a writer at once).
+func TestClusterEnqueueSeesTicketCommittedWhileWaiting(t *testing.T) {
+	defer dsync.EnqueueAsOnCluster()()
+	ctx := context.Background()
+	name := lockName(t)
+	rw := dsync.NewRWMutex(newSession(t), name)
+	if err := rw.RLock(ctx); err != nil { // creates the name's row
+		t.Fatal(err)
+	}
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitsForTicketCommittedMeanwhile(t, name, "RLock", rw.RLock, "UPDATE %dsync_queue%SET seq = LAST_INSERT_ID%",
+		"UPDATE dsync_queue SET seq = seq + 1 WHERE name = ?", "seq")
+	if err := rw.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitsForTicketCommittedMeanwhile runs lock (op names it) while a
+// transaction that holds name's row in the queue table (taken by take, a
+// statement whose one arg is the name) inserts a live exclusive ticket
+// numbered seq (an expression on that row). Once lock's statement (like
+// stmt in the process list) waits for the row, the transaction commits:
+// lock must go on waiting, and return nil once the planted ticket is gone.
+func waitsForTicketCommittedMeanwhile(t *testing.T, name, op string, lock func(context.Context) error, stmt, take, seq string) {
+	t.Helper()
+	ctx := context.Background()
+	db := dbtest.Open(t)
 	ahead := newSession(t) // the live lease of the planted ticket
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.Exec("SELECT name FROM dsync_queue WHERE name = ? FOR UPDATE", name); err != nil {
+	if _, err := tx.Exec(take, name); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, 1, ?, -1, 1)", name, ahead.ID()); err != nil {
+	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) SELECT name, "+seq+", ?, -1, 1 FROM dsync_queue WHERE name = ?",
+		ahead.ID(), name); err != nil {
 		t.Fatal(err)
 	}
 	locked := make(chan error, 1)
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() { locked <- m.Lock(lctx) }()
-	awaitStatement(t, db, "UPDATE %dsync_queue%SET%holder = IF%", 10*time.Second, "the take of the head slot never waited for the name's row")
+	go func() { locked <- lock(lctx) }()
+	awaitStatement(t, db, stmt, 10*time.Second, op+" never waited for the name's row")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-locked:
-		t.Fatalf("Lock with a live ticket ahead: got %v; want it to wait", err)
+		t.Fatalf("%s with a live ticket ahead: got %v; want it to wait", op, err)
 	case <-time.After(500 * time.Millisecond):
 	}
-	if _, err := db.Exec("DELETE FROM dsync_ticket WHERE name = ? AND seq = 1", name); err != nil {
+	if _, err := db.Exec("DELETE FROM dsync_ticket WHERE name = ? AND holder = ?", name, ahead.ID()); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-locked:
 		if err != nil {
-			t.Fatalf("Lock after the ticket ahead left: got %v; want <nil>", err)
+			t.Fatalf("%s after the ticket ahead left: got %v; want <nil>", op, err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("Lock after the ticket ahead left: still waiting after 30s")
-	}
-	if err := m.Unlock(ctx); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s after the ticket ahead left: still waiting after 30s", op)
 	}
 }
 

@@ -141,12 +141,11 @@ func (m *Mutex) TryLockTx(ctx context.Context, tx *sql.Tx) (bool, error) {
 }
 
 func (m *Mutex) lockTx(ctx context.Context, tx *sql.Tx, wait bool) (bool, error) {
-	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, tx, wait) })
+	c := m.s.track(kindMutex, "locktx", m.name, wait)
+	return m.s.withLease(ctx, c, func(g *Session) (bool, error) { return m.on(g).lockTxOn(ctx, c, tx, wait) })
 }
 
-func (m *Mutex) lockTxOn(ctx context.Context, tx *sql.Tx, wait bool) (ok bool, err error) {
-	c := m.s.track(kindMutex, "locktx", m.name, wait)
-	defer c.done(&ok, &err)
+func (m *Mutex) lockTxOn(ctx context.Context, c *call, tx *sql.Tx, wait bool) (ok bool, err error) {
 	if m.err != nil {
 		return false, m.err
 	}
@@ -178,19 +177,21 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		err := m.txHeld(ctx, tx, q, rec)
 		return err == nil, err
 	}
-	l := m.s.locks.ref(m.name)
 	// 1. The transaction-lock row, before any wait in the process: two
 	// transactions of this process that lock names in opposite orders must
 	// meet in the database, which sees the deadlock. It is created outside
-	// tx.
+	// tx. The name is not in use in the session (locks.ref) while tx waits
+	// for it there, which may be for as long as another transaction runs:
+	// a lost lease is replaced meanwhile (see Session.whenUnused), and this
+	// call, run on the lost one, fails with it after the wait and runs again
+	// on the new one, in tx, which has the row by then.
 	if _, err := m.s.store.exec(ctx, sTxLockCreate, m.name, m.name); err != nil && !isErrNo(err, errDupEntry) {
-		m.s.locks.unref(m.name)
 		return false, err
 	}
 	if got, err := m.txLock(ctx, c, tx, q, wait); !got || err != nil {
-		m.s.locks.unref(m.name)
 		return false, err
 	}
+	l := m.s.locks.ref(m.name)
 	owner := ownerOf(ctx)
 	l.mu.Lock()
 	mine := l.held && owner != 0 && l.owner == owner
@@ -220,7 +221,14 @@ func (m *Mutex) takeTx(ctx context.Context, c *call, tx *sql.Tx, wait bool) (boo
 		err = fmt.Errorf("%w (the database rolled tx back): %w", ErrDeadlock, err)
 	}
 	if err == nil {
-		err = m.s.leaseErr()
+		if hook := txHandOverHook.Load(); hook != nil {
+			(*hook)(m.name)
+		}
+		if err = m.s.leaseErr(); err != nil {
+			// tx has the row: on a new lease, LockTx in tx would wait for
+			// tx itself (withLease), until ctx ends.
+			err = finalError{err}
+		}
 	}
 	if err != nil {
 		// tx did not take the row (a server error, or nothing matched), or
@@ -339,6 +347,10 @@ type txHolds struct {
 	records *sync.Map                 // txKey to txRecord; see remember
 	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
 }
+
+// txHandOverHook, when set (by tests), runs in takeTx right after the
+// lock row of the name it is given was handed to a transaction.
+var txHandOverHook atomic.Pointer[func(name string)]
 
 // txAnyServerHook, when set (by tests), makes sessions whose LockTx
 // statements are made from then on use those of a server without

@@ -98,7 +98,9 @@ func (m *Mutex) Lock(ctx context.Context) error {
 // TryLock makes one attempt to acquire the lock without waiting. It returns
 // true, nil when acquired; false, nil when another holder has it (another
 // session, or another goroutine of this process holding or acquiring it);
-// and false with an error as Lock does otherwise.
+// and false with an error as Lock does otherwise. On a session made
+// [WithReplaceLostLease] whose lease was lost, it first opens the new
+// lease, waiting, bounded by ctx, while the database cannot be reached.
 func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 	return m.lock(ctx, false)
 }
@@ -106,12 +108,11 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 // lock runs lockOn on the current lease, and again on a new one where a
 // lost lease is replaced (see Session.withLease).
 func (m *Mutex) lock(ctx context.Context, wait bool) (bool, error) {
-	return m.s.withLease(ctx, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, wait) })
+	c := m.s.track(kindMutex, "lock", m.name, wait)
+	return m.s.withLease(ctx, c, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, c, wait) })
 }
 
-func (m *Mutex) lockOn(ctx context.Context, wait bool) (ok bool, err error) {
-	c := m.s.track(kindMutex, "lock", m.name, wait)
-	defer c.done(&ok, &err)
+func (m *Mutex) lockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	if m.err != nil {
 		return false, m.err
 	}
@@ -351,7 +352,8 @@ func (m *Mutex) unclaim(ctx context.Context, ring bool) {
 // (wrapped in [ErrReleasedByForce] when [ForceRelease] freed it while this
 // session held it), [ErrNotOwner] when it is held by another owner, [ErrSessionExpired] or
 // [ErrSessionClosed] when the session has ended (the lock is then gone
-// anyway), ctx's error, or a database error; after either of the last two
+// anyway; an Unlock that leaves holds of the owner returns nil, even
+// then), ctx's error, or a database error; after either of the last two
 // the hold is over in this process and the session frees the row in the
 // background.
 func (m *Mutex) Unlock(ctx context.Context) error {

@@ -42,7 +42,7 @@ func newSession(t testing.TB, opts ...dsync.Option) *dsync.Session {
 // slowTest skips t under -short. make test runs every test; make
 // test-oldest-go, which runs the suite again with the oldest Go release the
 // module supports, passes -short to leave out these slowest ones (each
-// takes from 6 to 30 seconds, mostly waiting), so that CI stays within its
+// takes from 3 to 30 seconds, mostly waiting), so that CI stays within its
 // time budget.
 func slowTest(t *testing.T) {
 	t.Helper()
@@ -374,6 +374,7 @@ func TestCloseReleasesLocks(t *testing.T) {
 // TestKeepAliveHoldsPastTTL holds a lock for three TTLs: the keep-alive must
 // keep it.
 func TestKeepAliveHoldsPastTTL(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	name := lockName(t)
 	s := newSession(t, dsync.WithTTL(time.Second))
@@ -396,6 +397,7 @@ func TestKeepAliveHoldsPastTTL(t *testing.T) {
 // the claims of starving waiters; the Galera test of the same, where the
 // holder's node commits first, is the one that needs them.)
 func TestMutexNoSessionStarved(t *testing.T) {
+	slowTest(t)
 	const sessions, goroutines = 3, 2
 	name := lockName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

@@ -15,6 +15,7 @@ const (
 	errUnknownCommand        uint16 = 1047 // ER_UNKNOWN_COM_ERROR: a Galera node not ready for queries refused the statement
 	errDupEntry              uint16 = 1062 // ER_DUP_ENTRY: a row with that key exists
 	errParse                 uint16 = 1064 // ER_PARSE_ERROR: the server refuses the syntax (MySQL and SET STATEMENT)
+	errTableAccessDenied     uint16 = 1142 // ER_TABLEACCESS_DENIED_ERROR: the user lacks a privilege on the table
 	errNoSuchTable           uint16 = 1146 // ER_NO_SUCH_TABLE
 	errUnknownSystemVariable uint16 = 1193 // ER_UNKNOWN_SYSTEM_VARIABLE: MySQL and @@in_transaction
 	errLockWaitTimeout       uint16 = 1205 // ER_LOCK_WAIT_TIMEOUT: rolls back the statement

@@ -110,23 +110,33 @@ func WithFreeRowAge(age time.Duration) Option { return func(o *options) { o.free
 
 // WithReplaceLostLease makes a session that lost its lease open a new one
 // (a new lease row, with a new [Session.ID]) instead of ending for good,
-// once nothing taken under the lost lease is held any more. A hold that
-// was lost is still reported as lost: until every Lock and RLock hold of
-// the lost lease has been released (its Unlock or RUnlock returning
-// [ErrSessionExpired], as without this option), [Session.Done] stays
-// closed, [Session.Err] returns ErrSessionExpired, and every call returns
-// ErrSessionExpired at once. (A [Mutex.LockTx] hold lives with its
-// transaction, not the lease, and does not hold the replacement up.)
+// once nothing taken under the lost lease is held any more. The session
+// does not open it by itself: the next lock call does (see below). A hold
+// that was lost is still reported as lost: until every Lock and RLock hold
+// of the lost lease has been released, [Session.Done] stays closed,
+// [Session.Err] returns ErrSessionExpired, and every call returns
+// ErrSessionExpired at once. The release that ends a hold returns
+// [ErrSessionExpired], as without this option; one that leaves the hold
+// in place returns nil, as without it too: an Unlock that undoes one of
+// several Locks of an owner ([WithOwner]), and an RUnlock that leaves
+// other read locks of the name in the process. (A [Mutex.LockTx] hold
+// lives with its transaction, not the lease, and does not hold the
+// replacement up; nor does a LockTx waiting for another transaction's
+// hold.)
 //
 // From then on, a lock call that holds nothing carries on: a Lock or
 // RLock that was waiting when the lease was lost, and any lock call made
-// after, opens the new lease and waits or acquires under it, bounded by
-// its ctx. While the database cannot be reached it tries again with
-// back-off (from 100ms, doubling, up to every 2s, each try bounded by the
-// TTL); a call whose ctx ends first returns an error wrapping both
-// ErrSessionExpired and ctx.Err(). Done, Err, ID and Deadline then
-// describe the new lease; the lock values made on the session stay valid.
-// Nothing opens a new lease after [Session.Close] has begun.
+// after, TryLock, TryRLock and TryLockTx included, opens the new lease
+// and waits or acquires under it, bounded by its ctx. While the database
+// cannot be reached the session tries again with back-off (from 100ms,
+// doubling, up to every 2s, each try bounded by the TTL), whichever calls
+// ask, so a TryLock may wait for the whole outage, up to its ctx; a call
+// whose ctx ends first returns an error wrapping both ErrSessionExpired
+// and ctx.Err(). A LockTx that fails with ErrSessionExpired after it
+// handed the lock row to the caller's transaction returns it, as without
+// this option (roll the transaction back). Done, Err, ID and Deadline
+// then describe the new lease; the lock values made on the session stay
+// valid. Nothing opens a new lease after [Session.Close] has begun.
 func WithReplaceLostLease() Option { return func(o *options) { o.replaceLost = true } }
 
 var prefixPattern = regexp.MustCompile(`^[A-Za-z0-9_]{0,32}$`)

@@ -101,7 +101,7 @@ func TestLeastPrivileges(t *testing.T) {
 	// Without CREATE, a prefix whose tables do not exist.
 	_, err = dsync.NewSession(ctx, db, dsync.WithTablePrefix("new"+suffix+"_"))
 	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != 1142 || !strings.Contains(err.Error(), "CREATE") {
-		t.Fatalf("NewSession without CREATE on a new prefix: got %v; want error 1142 naming CREATE", err)
+	if !errors.As(err, &me) || me.Number != 1142 || !strings.Contains(err.Error(), "CREATE") || !strings.Contains(err.Error(), "dsync schema") {
+		t.Fatalf("NewSession without CREATE on a new prefix: got %v; want error 1142 naming CREATE and the way out (dsync schema)", err)
 	}
 }

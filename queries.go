@@ -42,9 +42,13 @@ const (
 	// holder's per-acquisition token (chosen by the client before the write,
 	// so an ambiguous acquire can be undone), fence the fencing token of the
 	// latest acquisition. A row whose holder's lease has ended is free.
-	// (There is deliberately no acquired_at column and no index on holder:
-	// writing a timestamp, or an indexed column, on every acquisition
-	// measurably slows the uncontended path.)
+	// held_since (server UTC) is when the latest acquisition took the row,
+	// written by the statement that takes it (no extra statement; see
+	// docs/OPERATIONS.md for what it costs): ListLocks reports the hold's
+	// age from it. Release leaves it as it is; it means nothing while the
+	// row is free. (There is deliberately no index on holder: writing an
+	// indexed column on every acquisition measurably slows the uncontended
+	// path.)
 	//
 	// waiter is the lease id of a session that waits for the lock and has
 	// claimed the next hold (0: none; see qLockWant and qLockClaim); until
@@ -91,7 +95,8 @@ const (
   wanted_until  DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   idle_since    DATETIME(6)    NULL,
   idle_fence    BIGINT         NOT NULL DEFAULT 0,
-  kind          TINYINT        NOT NULL DEFAULT 0
+  kind          TINYINT        NOT NULL DEFAULT 0,
+  held_since    DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
 ) ENGINE=InnoDB`
 )
 
@@ -112,6 +117,11 @@ const (
 	// head-slot holder is ahead of every ticket: it conflicts with all of
 	// them, and every statement that reads the line counts it. A holder whose
 	// lease has ended holds nothing.
+	//
+	// held_since (server UTC) is when the name's latest exclusive hold
+	// began: written by the statements that take the fence, qQueueTake (the
+	// head slot) and qTicketTake (an exclusive ticket at the head), in the
+	// same statement. ListLocks reports the exclusive holder's age from it.
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
   name       VARBINARY(255) NOT NULL PRIMARY KEY,
   seq        BIGINT         NOT NULL DEFAULT 0,
@@ -119,7 +129,8 @@ const (
   idle_since DATETIME(6)    NULL,
   idle_fence BIGINT         NOT NULL DEFAULT 0,
   holder     BIGINT         NOT NULL DEFAULT 0,
-  token      BIGINT         NOT NULL DEFAULT 0
+  token      BIGINT         NOT NULL DEFAULT 0,
+  held_since DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
 ) ENGINE=InnoDB`
 
 	// qCreateTicket creates the queue entries: one row per waiter or holder
@@ -130,12 +141,20 @@ const (
 	// one, an earlier exclusive ticket for a shared one, and no live holder
 	// of the head slot is there (see qCreateQueue). Tickets of ended leases
 	// are skipped.
+	//
+	// held_since (server UTC) is when the ticket was inserted, so when it
+	// began to hold if nothing it conflicts with was ahead of it then; a
+	// shared ticket that waited has it written again when its holder finds
+	// its turn (qTicketGranted). An exclusive ticket's hold begins with
+	// qTicketTake, which writes the queue row's held_since. ListLocks reads
+	// both (see qListTickets).
 	qCreateTicket = `CREATE TABLE IF NOT EXISTS {ticket} (
-  name   VARBINARY(255) NOT NULL,
-  seq    BIGINT         NOT NULL,
-  holder BIGINT         NOT NULL,
-  token  BIGINT         NOT NULL,
-  mode   TINYINT        NOT NULL,
+  name       VARBINARY(255) NOT NULL,
+  seq        BIGINT         NOT NULL,
+  holder     BIGINT         NOT NULL,
+  token      BIGINT         NOT NULL,
+  mode       TINYINT        NOT NULL,
+  held_since DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
   PRIMARY KEY (name, seq)
 ) ENGINE=InnoDB`
 
@@ -182,8 +201,26 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // no head slot (queue.holder, queue.token), so its code would not see a
 // lock held there, and no txlock table (Mutex.LockTx); version 4 had no
 // lock.kind, so a Mutex and a FairMutex of one name were two locks, and
-// its code would take a name that this version's queued locks use.
-const schemaVersion = 5
+// its code would take a name that this version's queued locks use;
+// version 5 had no held_since columns (lock, queue, ticket), which
+// ListLocks reads (qUpgradeFrom5 upgrades version 5 in place).
+const schemaVersion = 6
+
+// qUpgradeFrom5 upgrades tables of schema version 5 to this version in
+// place: the held_since columns, as qCreateLock, qCreateQueue and
+// qCreateTicket have them, and the version record. NewSession never runs
+// it (dsync never alters tables): the ErrSchemaVersion of tables of
+// version 5 names it, for an operator to run. The ALTERs are instant on
+// MariaDB 10.6+ and MySQL 8, but each waits for every transaction using
+// its table, LockTx's included, and the lock statements queue behind it
+// meanwhile: lock_wait_timeout makes it give up after 5 s instead. Old
+// processes work on the upgraded tables (their statements name their
+// columns); only their NewSession refuses them.
+const qUpgradeFrom5 = `SET SESSION lock_wait_timeout = 5;
+ALTER TABLE {lock} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
+ALTER TABLE {queue} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
+ALTER TABLE {ticket} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
+UPDATE {schema} SET version = 6 WHERE id = 1 AND version = 5;`
 
 // qFenceSeed is the first fence of a row created anew: the greater of the
 // server's UTC clock in microseconds since 1970 and one above the highest
@@ -293,7 +330,8 @@ const (
 	// be live, or a claim that may be stale: then qLockAcquire decides).
 	// A row of the queued locks' name (kind 1) is never taken: qLockAcquire
 	// then reports it.
-	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(?, -1, 0)
+	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(?, -1, 0),
+  held_since = UTC_TIMESTAMP(6)
 WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 
 	// qLockAcquire takes the lock row for a session in one autocommit
@@ -321,8 +359,8 @@ WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 	// later assignments test for that mark and finally replace it with the
 	// lease id. LAST_INSERT_ID(expr) hands the fence back in the OK packet;
 	// the not-taken branch sets it to 0 so no earlier statement's value leaks.
-	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence)
-VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `))
+	qLockAcquire = `INSERT INTO {lock} (name, holder, token, fence, held_since)
+VALUES (?, ?, ?, LAST_INSERT_ID(` + qFenceSeed + `), UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE
   holder = IF(kind = 0 AND NOT EXISTS (SELECT 1 FROM {lease} l
                           WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))
@@ -333,6 +371,7 @@ ON DUPLICATE KEY UPDATE
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(kind * ` + otherKindSQL + `)),
   token = IF(holder < 0, ?, token),
   waiter = IF(holder < 0, IF(?, -1, 0), waiter),
+  held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),
   holder = IF(holder < 0, ?, holder)`
 
 	// qLockClaim claims the next hold of a lock for a session that has
@@ -596,10 +635,10 @@ const (
 	// take of the head slot (qQueueTake) holds until it commits, so nothing
 	// it did not see can be ahead of the ticket. (INSERT ... SELECT reads
 	// the other tables without locks at READ COMMITTED.)
-	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode)
+	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)
 SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,
          COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
-       + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?
+       + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
@@ -609,19 +648,29 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// other conflict at certification (one is rolled back and retried), and
 	// a ticket is numbered only on a node that has applied every lower one
 	// (it read the counter they set, in the transaction that inserted them).
-	// qTicketNumber: args name, mode, name; LastInsertId: twice the new
-	// number, plus 1 when something a ticket of the mode conflicts with is
-	// ahead of it (as for qTicketInsert; every enqueue and every take of
-	// the head slot writes the per-name row, so one committed meanwhile on
+	// qTicketNumber: args mode, name; LastInsertId: twice the new number,
+	// plus 1 when something a ticket of the mode conflicts with is ahead
+	// of it (as for qTicketInsert; every enqueue and every take of the
+	// head slot writes the per-name row, so one committed meanwhile on
 	// another node fails this transaction's certification); 0: the
 	// per-name row is missing. qTicketAdd: args name, ticket, lease id,
 	// token, mode (the ticket is half the LastInsertId of qTicketNumber,
 	// rounded down).
+	//
+	// Every subquery names the row being updated ({queue}.name), never an
+	// argument: at READ COMMITTED a statement's plain reads share one view,
+	// made at its first plain read, and a subquery that depends on no
+	// column of the row may be evaluated before the row is locked (MariaDB
+	// 10.11 does), making the view before the wait for the row. With the
+	// name as an argument, an enqueue that waited for the row behind
+	// another one's transaction read the seq that transaction wrote but
+	// not the ticket it inserted: its reader saw no writer ahead and held
+	// the lock with it (TestClusterEnqueueSeesTicketCommittedWhileWaiting).
 	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (GREATEST(seq,
-  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = {queue}.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
   + IF(` + ticketConflictQueue + `, 1, 0)) DIV 2
 WHERE name = ?`
-	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, ?)`
+	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
 
 	// qTicketTake takes the lock for an exclusive ticket when no live ticket
 	// is ahead of it, and with it the next fence. Args: ticket, name. It
@@ -634,12 +683,16 @@ WHERE name = ?`
 	// live ticket exists), so a read-only count of 0 (qTicketConflicts)
 	// followed by this statement cannot be overtaken. A live holder of the
 	// head slot is ahead of every ticket; the statement reads holder on the
-	// row it has locked, so it sees the latest take of the slot.
+	// row it has locked, so it sees the latest take of the slot. When it
+	// takes the lock it also writes held_since (see qCreateQueue): the
+	// fence's assignment runs first and sets LAST_INSERT_ID() to the new
+	// fence, or to notAtHead, which no fence reaches.
 	qTicketTake = `UPDATE {queue} SET
   fence = IF(EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
                      WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6))
              OR ` + slotHeldQueue + `,
-             fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
+             fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1)),
+  held_since = IF(LAST_INSERT_ID() = fence, UTC_TIMESTAMP(6), held_since)
 WHERE name = ?`
 
 	// qQueueTake takes the head slot (see qCreateQueue) for an exclusive
@@ -663,6 +716,7 @@ WHERE name = ?`
               ?, holder),
   fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `)),
   token = IF(holder < 0, ?, token),
+  held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),
   holder = IF(holder < 0, ?, holder)
 WHERE name = ?`
 
@@ -736,6 +790,14 @@ SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, LAST_INSERT_ID(1), 0 FROM {tick
   WHERE t.name = ? AND t.seq > ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6))
   + (SELECT COUNT(*) FROM {queue} q JOIN {lease} l ON l.id = q.holder
      WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6))`
+
+	// qTicketGranted records when a shared ticket that waited began to
+	// hold (see qCreateTicket's held_since): its holder runs it once, when
+	// its check (qTicketConflicts) finds nothing conflicting ahead any more.
+	// Only a reader that waited runs it, so the uncontended paths pay
+	// nothing. Args: name, ticket, lease id, token. RowsAffected is not
+	// used: the ticket's hold does not depend on it.
+	qTicketGranted = `UPDATE {ticket} SET held_since = UTC_TIMESTAMP(6) WHERE name = ? AND seq = ? AND holder = ? AND token = ?`
 
 	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone
 	// (crashed sessions, purged by qLeasePurge), and markers (qTicketWant)
@@ -1101,6 +1163,7 @@ const (
 	sQueueBind
 	sQueueBindNoWait
 	sLeaseLive
+	sTicketGranted
 	numStmts
 )
 
@@ -1110,6 +1173,7 @@ type queries struct {
 	creates  [6]string        // their CREATE TABLE statements, in the same order
 	record   string           // qSchemaRecord
 	version  string           // qSchemaVersion
+	upgrade5 string           // qUpgradeFrom5
 	prepared [numStmts]string // indexed by stmtIndex
 }
 
@@ -1122,8 +1186,9 @@ func newQueries(prefix string) *queries {
 			prefix + "txlock"},
 		creates: [6]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
 			r.Replace(qCreateQueue), r.Replace(qCreateTicket), r.Replace(qCreateTxLock)},
-		record:  r.Replace(qSchemaRecord),
-		version: r.Replace(qSchemaVersion),
+		record:   r.Replace(qSchemaRecord),
+		version:  r.Replace(qSchemaVersion),
+		upgrade5: r.Replace(qUpgradeFrom5),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
@@ -1188,6 +1253,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
 	q.prepared[sLeaseLive] = r.Replace(qLeaseLive)
+	q.prepared[sTicketGranted] = r.Replace(qTicketGranted)
 	return q
 }
 

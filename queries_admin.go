@@ -10,9 +10,9 @@ package dsync
 
 const (
 	// qListMutexes lists the Mutex holds of live leases: name, holder's
-	// label, lease id, fence, microseconds since the holder's lease was
-	// created (an upper bound of the hold's age: the lock table records no
-	// acquisition time, see qCreateLock) and waiters.
+	// label, lease id, fence, microseconds since the hold began (held_since,
+	// written by the statement that took the row, see qCreateLock) and
+	// waiters.
 	//
 	// Mutex waiters are not queued in the database: they block on the
 	// holder's doorbell, or poll (see doorbell.go). The only waiter the lock row
@@ -21,7 +21,7 @@ const (
 	// wait (waiter -1 names no claimant; see qCreateLock). This column is
 	// the one place where that reading is made.
 	qListMutexes = `SELECT k.name, l.label, l.id, k.fence,
-  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)),
+  TIMESTAMPDIFF(MICROSECOND, k.held_since, UTC_TIMESTAMP(6)),
   IF(k.waiter > 0 AND k.claimed_until > UTC_TIMESTAMP(6), 1, 0)
 FROM {lock} k JOIN {lease} l ON l.id = k.holder
 WHERE l.expires_at > UTC_TIMESTAMP(6)`
@@ -31,12 +31,20 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`
 
 	// qListTickets lists the tickets of live leases, holders and waiters
 	// alike, in line order: name, ticket number, mode (1 exclusive, 0
-	// shared), lease id, holder's label, microseconds since the holder's
-	// lease was created, and the name's last fence (the fence of its
-	// exclusive holder, if it has one that has taken the lock). A live
+	// shared), lease id, holder's label, microseconds since the ticket
+	// began to hold if it holds, and the name's last fence (the fence of
+	// its exclusive holder, if it has one that has taken the lock). A live
 	// holder of a name's head slot (see qCreateQueue) is listed as an
 	// exclusive ticket numbered 0, ahead of every ticket. Which of them
 	// hold the lock follows from the order, as in qCreateTicket.
+	//
+	// The start of a hold: the head slot's and an exclusive ticket's is the
+	// queue row's held_since (written by the take of the fence); for an
+	// exclusive ticket that has not taken the fence yet (its turn has come,
+	// its holder has not seen it yet) the later of that, the previous
+	// exclusive hold's start, and its own insert, both before its turn. A
+	// shared ticket's is its held_since (see qCreateTicket): its insert, or
+	// when its holder saw its turn after waiting; until then, its insert.
 	qListTickets = qListTicketsFrom + qListTicketsOrder
 
 	// qListTicketsOf is qListTickets for one name. Args: name.
@@ -44,11 +52,13 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`
 
 	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, t.id, t.label, t.held, t.fence FROM (
 SELECT t.name, t.seq, t.mode, l.id, l.label,
-  TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)) AS held, COALESCE(q.fence, 0) AS fence
+  TIMESTAMPDIFF(MICROSECOND, IF(t.mode = 1, GREATEST(t.held_since, COALESCE(q.held_since, t.held_since)), t.held_since),
+                UTC_TIMESTAMP(6)) AS held,
+  COALESCE(q.fence, 0) AS fence
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder LEFT JOIN {queue} q ON q.name = t.name
 WHERE l.expires_at > UTC_TIMESTAMP(6)
 UNION ALL
-SELECT q.name, 0, 1, l.id, l.label, TIMESTAMPDIFF(MICROSECOND, l.created_at, UTC_TIMESTAMP(6)), q.fence
+SELECT q.name, 0, 1, l.id, l.label, TIMESTAMPDIFF(MICROSECOND, q.held_since, UTC_TIMESTAMP(6)), q.fence
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	qListTicketsOrder = ` ORDER BY t.name, t.seq`

@@ -348,12 +348,11 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 // current lease, and again on a new one where a lost lease is replaced
 // (see Session.withLease).
 func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
-	return q.s.withLease(ctx, func(g *Session) (bool, error) { return q.on(g).lockOn(ctx, wait) })
+	c := q.s.track(kindQueue, "lock", q.name, wait)
+	return q.s.withLease(ctx, c, func(g *Session) (bool, error) { return q.on(g).lockOn(ctx, c, wait) })
 }
 
-func (q *queued) lockOn(ctx context.Context, wait bool) (ok bool, err error) {
-	c := q.s.track(kindQueue, "lock", q.name, wait)
-	defer c.done(&ok, &err)
+func (q *queued) lockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	if err := q.precheck(ctx, "lock"); err != nil {
 		return false, err
 	}

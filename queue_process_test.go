@@ -201,6 +201,7 @@ func TestRWMutexReaderAfterWaitingWriter(t *testing.T) {
 // reader overlapped a writer and no two writers overlapped, and that
 // readers did overlap.
 func TestRWMutexCheckerAcrossProcesses(t *testing.T) {
+	slowTest(t)
 	const procs, goroutines, iterations = 3, 4, 170
 	db := dbtest.Open(t)
 	name := lockName(t)

@@ -9,13 +9,18 @@ package dsync_test
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/faultproxy"
+	"github.com/go-sql-driver/mysql"
 )
 
 // replaceSession opens a session WithReplaceLostLease and a TTL of 1s, the
@@ -54,6 +59,7 @@ func awaitNewLease(t *testing.T, s *dsync.Session, old int64, limit time.Duratio
 // under the new lease once the database is back and the holder releases
 // it, with a greater fence.
 func TestReplaceLostLeaseWaiter(t *testing.T) {
+	slowTest(t)
 	const outage = 2 * time.Second
 	bg := context.Background()
 	p, dsn := dbtest.FaultProxy(t)
@@ -107,6 +113,9 @@ func TestReplaceLostLeaseWaiter(t *testing.T) {
 		t.Fatalf("waiter's Lock during the outage: returned %v; want it still waiting", err)
 	default:
 	}
+	if got := ws.Stats().Waiting; got != 1 {
+		t.Errorf("Stats.Waiting while the Lock waits for a new lease: got %d; want 1", got)
+	}
 
 	p.Refuse(false)
 	p.Cut(false)
@@ -135,6 +144,10 @@ func TestReplaceLostLeaseWaiter(t *testing.T) {
 	}
 	if got := ws.ID(); got != renewed {
 		t.Errorf("session ID while holding: got %d; want %d, the new lease", got, renewed)
+	}
+	if st := ws.Stats(); st.Waiting != 0 || st.Contended != 1 || st.WaitTime < outage {
+		t.Errorf("Stats after the Lock across the lost lease: got Waiting %d, Contended %d, WaitTime %v; want 0, 1 and at least the outage, %v",
+			st.Waiting, st.Contended, st.WaitTime, outage)
 	}
 	if h := readHoldState(t, direct, "Mutex", name); len(h.holders) != 1 || h.holders[0] != renewed {
 		t.Errorf("lock row's holder: got %v; want [%d], the new lease (lost: %d)", h.holders, renewed, lost)
@@ -257,20 +270,32 @@ func replaceLostLeaseHold(t *testing.T, kind string) {
 	}
 }
 
-// TestReplaceLostLeaseClose: Close while a Lock waits for a new lease (the
-// database refusing connections) ends the wait with ErrSessionClosed and
-// opens no lease after it.
-func TestReplaceLostLeaseClose(t *testing.T) {
-	bg := context.Background()
+// lostRefused returns a session made WithReplaceLostLease (see
+// replaceSession) through a fault proxy, once it has lost its lease to the
+// network cut, and with the proxy refusing every new connection.
+func lostRefused(t *testing.T) (*faultproxy.Proxy, *dsync.Session) {
+	t.Helper()
 	p, dsn := dbtest.FaultProxy(t)
 	ws := replaceSession(t, dbtest.OpenDSN(t, dsn))
-	m := dsync.NewMutex(ws, lockName(t))
 	done := ws.Done()
 	p.Cut(true)
 	p.Refuse(true)
 	if !isClosed(done, 3*time.Second) {
 		t.Fatalf("Done: still open 3s after the cut; want closed")
 	}
+	if st := p.Stats(); st.Dropped == 0 {
+		t.Fatalf("proxy after the cut: got %+v; want bytes dropped (the fault did not happen)", st)
+	}
+	return p, ws
+}
+
+// TestReplaceLostLeaseClose: Close while a Lock waits for a new lease (the
+// database refusing connections) ends the wait with ErrSessionClosed and
+// opens no lease after it.
+func TestReplaceLostLeaseClose(t *testing.T) {
+	bg := context.Background()
+	p, ws := lostRefused(t)
+	m := dsync.NewMutex(ws, lockName(t))
 	lockErr := make(chan error, 1)
 	go func() { lockErr <- m.Lock(bg) }()
 	time.Sleep(300 * time.Millisecond) // it tries for a new lease
@@ -292,5 +317,272 @@ func TestReplaceLostLeaseClose(t *testing.T) {
 	}
 	if err := ws.Close(); !errors.Is(err, dsync.ErrSessionClosed) {
 		t.Errorf("Close again: got %v; want ErrSessionClosed", err)
+	}
+}
+
+// TestReplaceLostLeaseTxHandOver: a lease lost right after LockTx handed
+// the lock row to the caller's transaction makes LockTx return
+// ErrSessionExpired at once, as without the option, instead of running
+// again on a new lease in that transaction, where it would wait for the
+// row the transaction itself has locked until ctx ends. Nobody else takes
+// the lock while the transaction runs; after its rollback the name is
+// free to others, and the session locks under a new lease.
+func TestReplaceLostLeaseTxHandOver(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	ws := replaceSession(t, db)
+	lost := ws.ID()
+	var expired atomic.Bool
+	defer dsync.AfterTxHandOver(func(n string) {
+		if n == name && !expired.Swap(true) {
+			dsync.ExpireLocally(ws)
+		}
+	})()
+	tx := beginTx(t, db, sql.LevelDefault)
+	m := dsync.NewMutex(ws, name)
+	ctx, cancel := context.WithTimeout(bg, 3*time.Second)
+	defer cancel()
+	took, err := within(t, "LockTx", 10*time.Second, func() error { return m.LockTx(ctx, tx) })
+	if !expired.Load() {
+		t.Fatalf("LockTx: returned %v without handing the row to tx; want the lease lost after the hand-over (the fault did not happen)", err)
+	}
+	if !errors.Is(err, dsync.ErrSessionExpired) || ctx.Err() != nil {
+		t.Fatalf("LockTx with the lease lost after the hand-over: got %v after %v; want ErrSessionExpired before ctx ends", err, took.Round(time.Millisecond))
+	}
+	other := dsync.NewMutex(faultSession(t, db, 10*time.Second), name)
+	if ok, err := other.TryLock(ctx); ok || err != nil {
+		t.Fatalf("another session's TryLock while tx runs: got %v, %v; want false, nil", ok, err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+	lctx, lcancel := context.WithTimeout(bg, 10*time.Second)
+	defer lcancel()
+	if err := other.Lock(lctx); err != nil {
+		t.Fatalf("another session's Lock after the rollback: got %v; want nil", err)
+	}
+	if err := other.Unlock(bg); err != nil {
+		t.Fatalf("another session's Unlock: got %v; want nil", err)
+	}
+	if err := m.Lock(lctx); err != nil {
+		t.Fatalf("Lock after the loss: got %v; want nil", err)
+	}
+	if got := ws.ID(); got == lost {
+		t.Errorf("session ID after the loss: got %d, the lost lease; want a new one", got)
+	}
+	if err := m.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+}
+
+// TestReplaceLostLeaseTxWaiting: a LockTx waiting in the database for
+// another transaction's hold does not keep a lost lease from being
+// replaced: another lock call of the session opens the new lease and
+// locks at once. The LockTx carries on, and takes the lock under the new
+// lease once the other transaction has ended.
+func TestReplaceLostLeaseTxWaiting(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	tx1 := beginTx(t, db, sql.LevelDefault)
+	if err := dsync.NewMutex(faultSession(t, db, 10*time.Second), name).LockTx(bg, tx1); err != nil {
+		t.Fatalf("holder's LockTx: got %v; want nil", err)
+	}
+	ws := replaceSession(t, db)
+	lost := ws.ID()
+	tx2 := beginTx(t, db, sql.LevelDefault)
+	m := dsync.NewMutex(ws, name)
+	ctx, cancel := context.WithTimeout(bg, 20*time.Second)
+	defer cancel()
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- m.LockTx(ctx, tx2) }()
+	for deadline := time.Now().Add(10 * time.Second); ws.Stats().Waiting == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("LockTx: not waiting after 10s")
+		}
+	}
+	dsync.ExpireLocally(ws)
+	if err := ws.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("session Err after ExpireLocally: got %v; want ErrSessionExpired (the fault did not happen)", err)
+	}
+
+	second := dsync.NewMutex(ws, name+"/second")
+	lctx, lcancel := context.WithTimeout(bg, 3*time.Second)
+	defer lcancel()
+	took, err := within(t, "Lock of another name", 10*time.Second, func() error { return second.Lock(lctx) })
+	if err != nil {
+		t.Fatalf("Lock of another name while LockTx waits for another transaction: got %v after %v; want nil, under a new lease", err, took.Round(time.Millisecond))
+	}
+	if got := ws.ID(); got == lost {
+		t.Errorf("session ID after the loss: got %d, the lost lease; want a new one", got)
+	}
+	if err := second.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+	select {
+	case err := <-lockErr:
+		t.Fatalf("LockTx while the other transaction holds the name: returned %v; want it still waiting", err)
+	default:
+	}
+	if err := tx1.Rollback(); err != nil {
+		t.Fatalf("holder's Rollback: %v", err)
+	}
+	select {
+	case err := <-lockErr:
+		if err != nil {
+			t.Fatalf("LockTx across the lost lease: got %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("LockTx: still waiting 10s after the holder's rollback")
+	}
+	if m.Fence() == 0 {
+		t.Errorf("Fence of the LockTx hold: got 0; want the hold's")
+	}
+}
+
+// TestReplaceLostLeasePace: while the database refuses connections, the
+// tries to open a new lease keep the line's back-off however many calls
+// want one and however short their ctx: four goroutines calling TryLock
+// with a 20ms ctx in a loop cost a few connection attempts a second, not
+// one per call.
+func TestReplaceLostLeasePace(t *testing.T) {
+	slowTest(t)
+	bg := context.Background()
+	p, ws := lostRefused(t)
+	m := dsync.NewMutex(ws, lockName(t))
+
+	ctx, cancel := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	var calls, expired atomic.Int64
+	a0, from := p.Stats().Accepted, time.Now()
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				cctx, ccancel := context.WithTimeout(ctx, 20*time.Millisecond)
+				ok, err := m.TryLock(cctx)
+				ccancel()
+				calls.Add(1)
+				if ok {
+					t.Errorf("TryLock with the database refusing connections: got true; want false")
+					m.Unlock(bg)
+				}
+				if errors.Is(err, dsync.ErrSessionExpired) {
+					expired.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	cancel()
+	wg.Wait()
+	attempts, d := p.Stats().Accepted-a0, time.Since(from)
+	t.Logf("%d TryLock calls, %d of them ErrSessionExpired; %d connection attempts in %v",
+		calls.Load(), expired.Load(), attempts, d.Round(time.Millisecond))
+	if expired.Load() == 0 {
+		t.Fatalf("TryLock calls returning ErrSessionExpired: got none of %d; want them to meet the lost lease", calls.Load())
+	}
+	if rate := float64(attempts) / d.Seconds(); rate > spinBudget {
+		t.Errorf("connection attempts while the database refused them: got %.1f/s; want at most %.0f/s", rate, spinBudget)
+	}
+	if attempts == 0 {
+		t.Errorf("connection attempts while the database refused them: got none; want the session to try for a new lease")
+	}
+
+	p.Refuse(false)
+	p.Cut(false)
+	lctx, lcancel := context.WithTimeout(bg, 10*time.Second)
+	defer lcancel()
+	if err := m.Lock(lctx); err != nil {
+		t.Fatalf("Lock once the database is back: got %v; want nil", err)
+	}
+	if err := m.Unlock(bg); err != nil {
+		t.Errorf("Unlock under the new lease: got %v; want nil", err)
+	}
+}
+
+// switchConnector opens connections through the connector to, once it is
+// set, else through the one it embeds.
+type switchConnector struct {
+	sqldriver.Connector
+	to atomic.Pointer[sqldriver.Connector]
+}
+
+func (c *switchConnector) Connect(ctx context.Context) (sqldriver.Conn, error) {
+	if to := c.to.Load(); to != nil {
+		return (*to).Connect(ctx)
+	}
+	return c.Connector.Connect(ctx)
+}
+
+// connectorOf returns a connector for dsn.
+func connectorOf(t *testing.T, dsn string) sqldriver.Connector {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestLostSessionEndsBellConnOpen: a Lock (without a deadline) that is
+// opening a connection to block on the holder's doorbell when the network
+// goes dark, so that the open never completes, returns ErrSessionExpired
+// once its session is lost, as every wait of a lost session does.
+func TestLostSessionEndsBellConnOpen(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	dark, darkDSN := dbtest.FaultProxy(t)
+	dark.Cut(true) // no connection through it ever opens
+	conns := &switchConnector{Connector: connectorOf(t, dsn)}
+	db := sql.OpenDB(conns)
+	t.Cleanup(func() { db.Close() })
+	direct := dbtest.Open(t)
+	name := lockName(t)
+
+	holder := dsync.NewMutex(faultSession(t, direct, 10*time.Second), name)
+	if err := holder.Lock(bg); err != nil {
+		t.Fatalf("holder's Lock: got %v; want nil", err)
+	}
+	ws := faultSession(t, db, time.Second)
+	// The session's statement connections open before the dark: only the
+	// waiter's doorbell connection is opened after it.
+	warm := dsync.NewMutex(ws, name+"/warm")
+	if err := warm.Lock(bg); err != nil {
+		t.Fatalf("Lock of another name: got %v; want nil", err)
+	}
+	if err := warm.Unlock(bg); err != nil {
+		t.Fatalf("Unlock of another name: got %v; want nil", err)
+	}
+	to := connectorOf(t, darkDSN)
+	conns.to.Store(&to)
+
+	ctx, cancel := context.WithCancel(bg) // no deadline; ends the Lock when the test fails
+	defer cancel()
+	lockErr := make(chan error, 1)
+	go func() { lockErr <- dsync.NewMutex(ws, name).Lock(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); dsync.BellWaitConnsInUse(ws) == 0 || dark.Stats().Accepted == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiter: not opening a doorbell connection after 10s (in use %d, dark connections %d; the fault did not happen)",
+				dsync.BellWaitConnsInUse(ws), dark.Stats().Accepted)
+		}
+	}
+	p.Cut(true) // and the renewals get no answer
+	if !isClosed(ws.Done(), 3*time.Second) {
+		t.Fatalf("waiter's Done: still open 3s after the cut; want closed (the lease lost)")
+	}
+	select {
+	case err := <-lockErr:
+		if !errors.Is(err, dsync.ErrSessionExpired) {
+			t.Errorf("waiter's Lock after its session was lost: got %v; want ErrSessionExpired", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter's Lock: still opening its doorbell connection 5s after its session was lost")
 	}
 }

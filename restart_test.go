@@ -141,6 +141,7 @@ func (w *restartWorker) increment(s *dsync.Session, sh *restartShared, fence int
 // once, fences stay strictly increasing across the restart, and every
 // worker is back to work within TTL+5s of the restart.
 func TestDatabaseKilledAndRestarted(t *testing.T) {
+	slowTest(t)
 	const (
 		workers  = 4
 		ttl      = 2 * time.Second

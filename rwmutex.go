@@ -55,7 +55,8 @@ func (rw *RWMutex) Lock(ctx context.Context) error {
 }
 
 // TryLock takes the write lock only if nobody holds either side and nobody
-// is waiting; it returns false, nil otherwise.
+// is waiting; it returns false, nil otherwise. It waits only for a new
+// lease, as [Mutex.TryLock] says.
 func (rw *RWMutex) TryLock(ctx context.Context) (bool, error) {
 	return rw.q.lock(ctx, false)
 }
@@ -75,7 +76,8 @@ func (rw *RWMutex) RLock(ctx context.Context) error {
 }
 
 // TryRLock takes a read lock only if no writer holds the lock or waits for
-// it; it returns false, nil otherwise, and errors as RLock does.
+// it; it returns false, nil otherwise, and errors as RLock does. It waits
+// only for a new lease, as [Mutex.TryLock] says.
 func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 	return rw.q.rlock(ctx, false)
 }
@@ -83,7 +85,9 @@ func (rw *RWMutex) TryRLock(ctx context.Context) (bool, error) {
 // RUnlock releases one read lock. It returns [ErrNotHeld] when this process
 // holds no read lock of the name, [ErrNotOwner] when the only read locks
 // belong to other owners, [ErrSessionExpired] or [ErrSessionClosed] when the
-// session has ended, or a database error.
+// session has ended, or a database error. An RUnlock that leaves other read
+// locks of the name in the process returns nil, even after the session
+// ended: the read hold goes on until the last one's RUnlock.
 func (rw *RWMutex) RUnlock(ctx context.Context) error {
 	return rw.q.runlock(ctx)
 }
@@ -91,13 +95,12 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // rlock takes a read hold, on the current lease, and again on a new one
 // where a lost lease is replaced (see Session.withLease).
 func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
-	return q.s.withLease(ctx, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, wait) })
+	c := q.s.track(kindQueue, "rlock", q.name, wait)
+	return q.s.withLease(ctx, c, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, c, wait) })
 }
 
 // rlockOn takes a read hold: joining one of this process, or with a ticket.
-func (q *queued) rlockOn(ctx context.Context, wait bool) (ok bool, err error) {
-	c := q.s.track(kindQueue, "rlock", q.name, wait)
-	defer c.done(&ok, &err)
+func (q *queued) rlockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	if err := q.precheck(ctx, "rlock"); err != nil {
 		return false, err
 	}

@@ -45,8 +45,7 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 		case err != nil:
 			return opErrorf(err, "check the schema version in %s", schema)
 		case version != schemaVersion:
-			return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
-				ErrSchemaVersion, schema, version, schemaVersion)
+			return versionError(q, version)
 		}
 	}
 	for i, table := range q.tables {
@@ -54,6 +53,9 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 			continue
 		}
 		if _, err := c.ExecContext(ctx, q.creates[i]); err != nil {
+			if isErrNo(err, errTableAccessDenied) {
+				return opErrorf(err, "create table %s (grant CREATE on it, or have it created from the output of dsync schema)", table)
+			}
 			return opErrorf(err, "create table %s", table)
 		}
 		if i == 0 {
@@ -75,10 +77,24 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 	case err != nil:
 		return opErrorf(err, "check the schema version in %s", schema)
 	case version != schemaVersion:
-		return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d",
-			ErrSchemaVersion, schema, version, schemaVersion)
+		return versionError(q, version)
 	}
 	return nil
+}
+
+// versionError is the ErrSchemaVersion of tables that record version, and
+// says how to move them to this version: the statements that upgrade them
+// in place, for the version before this one, else dropping them.
+func versionError(q *queries, version int) error {
+	how := "to move to this version, stop the processes that use them, drop the tables of the prefix, and let NewSession create them again"
+	switch {
+	case version == 5 && schemaVersion == 6:
+		how = "to upgrade them in place (the processes that use them may run on; each ALTER waits for the transactions using its table, LockTx's included, and lock statements queue behind it: the SET bounds that wait), run:\n" + q.upgrade5
+	case version > schemaVersion:
+		how = "they are a newer dsync's: use that version"
+	}
+	return fmt.Errorf("%w: table %s records version %d, this dsync uses version %d; %s",
+		ErrSchemaVersion, q.tables[0], version, schemaVersion, how)
 }
 
 // tablesPresent reads which of q's tables exist, keyed by q's names for

@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -98,7 +99,6 @@ func TestSchemaVersion(t *testing.T) {
 // leaves them alone, and that the documented way out works: with no
 // process of the old version left, drop the tables and start again.
 func TestSchemaVersion2Refused(t *testing.T) {
-	bg := context.Background()
 	db := dbtest.Open(t)
 	prefix := freshPrefix("schemav2")
 	v2 := []string{
@@ -110,18 +110,8 @@ func TestSchemaVersion2Refused(t *testing.T) {
 		"CREATE TABLE `" + prefix + "ticket` (name VARBINARY(255) NOT NULL, seq BIGINT NOT NULL, holder BIGINT NOT NULL, token BIGINT NOT NULL, mode TINYINT NOT NULL, PRIMARY KEY (name, seq))",
 		"INSERT INTO `" + prefix + "lock` (name, fence) VALUES ('old', 7)",
 	}
-	for _, q := range v2 {
-		if _, err := db.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s, err := dsync.NewSession(bg, db, dsync.WithTablePrefix(prefix))
-	if !errors.Is(err, dsync.ErrSchemaVersion) {
-		if s != nil {
-			s.Close()
-		}
-		t.Fatalf("NewSession on tables of version 2: got %v; want ErrSchemaVersion", err)
-	}
+	execAll(t, db, v2...)
+	err := refusedVersion(t, db, prefix, 2)
 	t.Logf("version 2 tables: %v", err)
 	var n int
 	if err := db.QueryRow("SELECT COUNT(*) FROM `" + prefix + "lock`").Scan(&n); err != nil || n != 1 {
@@ -319,4 +309,72 @@ func TestSchemaForeignTable(t *testing.T) {
 	if tables != 1 {
 		t.Errorf("tables of the prefix after the refused NewSession: got %d; want the 1 it had", tables)
 	}
+}
+
+// TestSchemaUpgradeFrom5 checks the in-place upgrade of tables of schema
+// version 5 (without the held_since columns): NewSession refuses them with
+// an ErrSchemaVersion that names the statements, which, run as they are,
+// leave the tables that NewSession creates, and a session then starts on
+// them.
+func TestSchemaUpgradeFrom5(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	old, fresh := freshPrefix("schemav5"), freshPrefix("schemav6")
+	for _, p := range []string{old, fresh} {
+		if err := sessionOn(t, db, dsync.WithTablePrefix(p)).Close(); err != nil {
+			t.Fatalf("Close: got %v; want <nil>", err)
+		}
+	}
+	execAll(t, db,
+		"ALTER TABLE `"+old+"lock` DROP COLUMN held_since",
+		"ALTER TABLE `"+old+"queue` DROP COLUMN held_since",
+		"ALTER TABLE `"+old+"ticket` DROP COLUMN held_since",
+		"UPDATE `"+old+"schema` SET version = 5")
+	msg := refusedVersion(t, db, old, 5).Error()
+	_, stmts, ok := strings.Cut(msg, "run:\n")
+	if !ok || strings.Count(stmts, "ALTER TABLE") != 3 {
+		t.Fatalf("ErrSchemaVersion of version 5: got %q; want the statements that upgrade the tables", msg)
+	}
+	var upgrade []string
+	for _, q := range strings.SplitAfter(stmts, ";") {
+		if q = strings.TrimSpace(q); q != "" {
+			upgrade = append(upgrade, q)
+		}
+	}
+	execAll(t, db, upgrade...)
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+		u, c := showCreate(t, db, old+table), showCreate(t, db, fresh+table)
+		if strings.ReplaceAll(u, old, fresh) != c {
+			t.Errorf("table %s: the upgrade made\n%s\nNewSession makes\n%s", table, u, c)
+		}
+	}
+	s := sessionOn(t, db, dsync.WithTablePrefix(old))
+	if ok, err := dsync.NewMutex(s, "x").TryLock(bg); !ok || err != nil {
+		t.Fatalf("TryLock on the upgraded tables: got %v, %v; want true, nil", ok, err)
+	}
+}
+
+// execAll runs stmts on db, in order.
+func execAll(t *testing.T, db *sql.DB, stmts ...string) {
+	t.Helper()
+	for _, q := range stmts {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// refusedVersion starts a session on the tables of prefix, which are of
+// schema version (for the message), and returns its error, which must
+// be ErrSchemaVersion.
+func refusedVersion(t *testing.T, db *sql.DB, prefix string, version int) error {
+	t.Helper()
+	s, err := dsync.NewSession(context.Background(), db, dsync.WithTablePrefix(prefix))
+	if !errors.Is(err, dsync.ErrSchemaVersion) {
+		if s != nil {
+			s.Close()
+		}
+		t.Fatalf("NewSession on tables of version %d: got %v; want ErrSchemaVersion", version, err)
+	}
+	return err
 }

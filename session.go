@@ -20,7 +20,9 @@ import (
 // When the lease cannot be renewed before it could end on the server, the
 // session is lost: [Session.Done] closes and [Session.Err] returns
 // [ErrSessionExpired], before any other session can take its locks. Every
-// later call then fails with ErrSessionExpired; make a new Session.
+// later call then fails with ErrSessionExpired; make a new Session, or make
+// the session [WithReplaceLostLease]: then, once no hold of the lost lease
+// remains, the next lock call opens a new lease and goes on under it.
 //
 // # Connections
 //
@@ -190,7 +192,8 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 }
 
 // ID returns the session's lease id, the value of the holder column of the
-// lock rows it holds.
+// lock rows it holds. On a session made [WithReplaceLostLease] it is the
+// current lease's, and changes when a lost lease is replaced.
 func (s *Session) ID() int64 { return s.current().id }
 
 // TTL returns the lease time to live.
@@ -212,7 +215,9 @@ func (s *Session) Done() <-chan struct{} { return s.current().done }
 // margin of TTL/5 (the server keeps the lease at least TTL/5 longer). A
 // renewal that succeeds moves it later; when none does before it, Done
 // closes then. It has a monotonic clock reading, so [time.Until] of it is
-// exact. Once the session has ended it no longer moves.
+// exact. Once the session has ended it no longer moves; on a session made
+// [WithReplaceLostLease] it is the current lease's, and moves on with the
+// new lease once a lost one is replaced.
 func (s *Session) Deadline() time.Time {
 	return s.current().lease.deadlineTime()
 }

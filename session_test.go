@@ -94,6 +94,7 @@ func TestSlowLinkLockRightAfterNewSession(t *testing.T) {
 // once it is free, and no session loses its lease, since renewals need no
 // new connection. (Lock returned 1040 at once before.)
 func TestMaxConnectionsKeepsLeases(t *testing.T) {
+	slowTest(t)
 	const (
 		ttl      = time.Second
 		sessions = 12

@@ -15,9 +15,10 @@ import (
 // (Mutex), or was ahead of it in the local line (FairMutex, RWMutex); in the
 // database, its first statements found the lock held (or its ticket not at
 // the head of the line) or failed with an error worth retrying, so that it
-// went on to poll. TryLock and TryRLock never wait, and a reentrant Lock or
-// RLock ([WithOwner]) and an RLock that joins a read hold of the process
-// never wait either.
+// went on to poll; or, on a session made [WithReplaceLostLease], its lease
+// was lost and it went on to wait for a new one. TryLock and TryRLock never
+// wait, and a reentrant Lock or RLock ([WithOwner]) and an RLock that joins
+// a read hold of the process never wait either.
 type Stats struct {
 	// Held is the number of lock names the session holds now, each name
 	// once however many holds (reentrant, or readers sharing a read hold)
@@ -117,14 +118,13 @@ type call struct {
 	waited         bool      // the call has waited; only its own goroutine touches it
 }
 
-// track starts counting a lock call, at the top of the method, whose
-// results must be named:
+// track starts counting a lock call, at the top of the method, which
+// hands it to withLease (which counts the outcome, done, when the call
+// returns, whatever leases it ran on) and to the code that may wait
+// (noteWait):
 //
 //	c := m.s.track(kindMutex, "lock", m.name, wait)
-//	defer c.done(&ok, &err)
-//
-// The method hands c to the code that may wait (noteWait). done, deferred,
-// counts the outcome.
+//	return m.s.withLease(ctx, c, func(g *Session) (bool, error) { return m.on(g).lockOn(ctx, c, wait) })
 func (s *Session) track(kind, op, name string, wait bool) *call {
 	c := &call{s: s, kind: kind, op: op, name: name}
 	if wait {
@@ -167,6 +167,6 @@ func (c *call) done(ok *bool, err *error) {
 		if *err != nil {
 			attrs = append(attrs, "err", *err)
 		}
-		c.s.logger.Warn("dsync: waited long for a lock", attrs...)
+		c.s.current().logger.Warn("dsync: waited long for a lock", attrs...)
 	}
 }

@@ -34,6 +34,13 @@ type succession struct {
 	closing context.Context // ends when Close begins
 	stop    context.CancelFunc
 
+	// The pace of the tries to open a new lease is the line's, not a
+	// call's (guarded by turn): a caller whose ctx ends hands the pause it
+	// reached to the next one, and a new lease lost at once (opening it
+	// took most of a TTL) is not replaced at once again.
+	pause   time.Duration // the pause after the last try; see replace
+	nextTry time.Time     // no try starts before it
+
 	mu     sync.Mutex
 	closed bool // guarded by mu; Close has begun
 }
@@ -57,25 +64,40 @@ func (s *Session) current() *Session {
 // withLease runs call, a lock call that holds nothing when it fails, on the
 // current lease. On a session made WithReplaceLostLease, when call failed
 // because its lease was lost, it replaces the lease (see replace) and runs
-// call again on the new one, until ctx ends.
-func (s *Session) withLease(ctx context.Context, call func(*Session) (bool, error)) (bool, error) {
+// call again on the new one, until ctx ends. c counts the lock call (see
+// track) from its start to its return, across leases, the wait for a new
+// one included.
+func (s *Session) withLease(ctx context.Context, c *call, call func(*Session) (bool, error)) (ok bool, err error) {
+	defer c.done(&ok, &err)
 	for {
 		g := s.current()
 		ok, err := call(g)
-		if err == nil || s.line == nil || !errors.Is(err, ErrSessionExpired) || ctx.Err() != nil {
+		var final finalError
+		if err == nil || s.line == nil || !errors.Is(err, ErrSessionExpired) || ctx.Err() != nil || errors.As(err, &final) {
 			return ok, err
 		}
-		if err := s.line.replace(ctx, g, err); err != nil {
+		if err := s.line.replace(ctx, c, g, err); err != nil {
 			return false, err
 		}
 	}
 }
 
+// finalError marks the error of a lock call that withLease must return
+// as it is, even when it wraps ErrSessionExpired: the call failed after it
+// left something that a run on a new lease would meet (see takeTx). It
+// wraps the error, and says what it says.
+type finalError struct{ error }
+
+func (e finalError) Unwrap() error { return e.error }
+
 // Replacement's pace while the database cannot be reached: each try is
 // bounded by the TTL (a black-holed network never answers), and the tries
 // are replaceFirst apart, then twice as far each time, up to replaceMax
 // (the renewal period's cap), so that a long outage costs a connection
-// attempt every 2s, not a busy loop.
+// attempt every 2s, not a busy loop, however many calls wait and however
+// short their ctx. A try that opened a lease starts the next pause too:
+// a lease lost at once is replaced after it. The series starts again from
+// replaceFirst once a try is due more than replaceMax ago.
 const (
 	replaceFirst = 100 * time.Millisecond
 	replaceMax   = maxRenewEvery
@@ -93,7 +115,7 @@ const unusedPoll = 50 * time.Millisecond
 // of lost remains (the loss is then reported, as without the option);
 // ErrSessionClosed after Close; or, when ctx ends first, an error wrapping
 // cause and ctx.Err().
-func (sc *succession) replace(ctx context.Context, lost *Session, cause error) error {
+func (sc *succession) replace(ctx context.Context, c *call, lost *Session, cause error) error {
 	ended := func() error {
 		if sc.closing.Err() != nil {
 			return ErrSessionClosed
@@ -116,6 +138,7 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 	case !errors.Is(lost.leaseErr(), ErrSessionExpired):
 		return cause
 	}
+	c.noteWait() // for a new lease (see Stats)
 	// The calls still running on lost end promptly (they end with its
 	// lease), but one may have been granted just before the loss and
 	// become a hold: look again now and then.
@@ -131,12 +154,22 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 			return err
 		}
 	}
-	for pause := replaceFirst; ; pause = min(2*pause, replaceMax) {
+	if time.Since(sc.nextTry) > replaceMax {
+		sc.pause = 0 // a new outage, or a lease that lived
+	}
+	for {
+		if d := time.Until(sc.nextTry); d > 0 {
+			if err := sc.sleep(ctx, d, nil, ended); err != nil {
+				return err
+			}
+		}
 		tctx, cancel := context.WithTimeout(ctx, sc.opts.ttl)
 		stopCancel := context.AfterFunc(sc.closing, cancel)
 		next, err := startSession(tctx, sc.db, sc.opts, sc.stats)
 		stopCancel()
 		cancel()
+		sc.pause = min(max(2*sc.pause, replaceFirst), replaceMax)
+		sc.nextTry = time.Now().Add(sc.pause)
 		if err == nil {
 			next.txHolds.records = lost.txHolds.records // LockTx again in a transaction finds its hold
 			sc.mu.Lock()
@@ -164,10 +197,7 @@ func (sc *succession) replace(ctx context.Context, lost *Session, cause error) e
 		case errors.Is(err, ErrSchemaVersion) || errors.Is(err, ErrInvalidOption):
 			return fmt.Errorf("%w (opening a new lease: %w)", cause, err)
 		}
-		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", pause)
-		if err := sc.sleep(ctx, pause, nil, ended); err != nil {
-			return err
-		}
+		lost.logger.Warn("dsync: opening a new lease failed; retrying", "err", err, "retry_in", sc.pause)
 	}
 }
 

@@ -73,6 +73,7 @@ type sweepLock interface {
 // of a held lock, of a lock with a waiter queued, or of a read-held lock;
 // and that a row freed last goes no sooner than the age after its Unlock.
 func TestSweepDeletesFreeRows(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweep")
@@ -334,6 +335,7 @@ func TestSweepKeepsLiveHolder(t *testing.T) {
 // proves that rows were deleted meanwhile (its fence jumps each time its
 // row is created again).
 func TestSweepRaces(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweeprace")
@@ -520,6 +522,7 @@ func TestFreeRowAgeInvalid(t *testing.T) {
 // the election lets at most one pass start per interval between them (each
 // asks four times per interval), and some passes run.
 func TestSweepElection(t *testing.T) {
+	slowTest(t)
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweepelect")
 	const every, window = 200 * time.Millisecond, 3 * time.Second

@@ -163,7 +163,7 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
-		if t.st.galera {
+		if t.st.galera || clusterEnqueueHook.Load() {
 			number, err = t.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
@@ -187,6 +187,10 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 	}
 }
 
+// clusterEnqueueHook, when set (by tests), makes every session enqueue as
+// on a Galera cluster (insertTicketTx), whatever the server.
+var clusterEnqueueHook atomic.Bool
+
 // insertTicketTx enqueues on a Galera cluster: the name's counter and the
 // ticket in one transaction (see qTicketNumber), run again while a
 // certification conflict with another node's enqueue rolls it back. It
@@ -206,7 +210,7 @@ func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, 
 		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
 			number = 0
 			err := enqueueTx(ctx, c, func() error {
-				res, err := next.ExecContext(ctx, name, mode, name)
+				res, err := next.ExecContext(ctx, mode, name)
 				if err == nil {
 					number, err = res.LastInsertId()
 				}
@@ -272,6 +276,9 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	}
 	if w.mode == modeShared || !first {
 		ahead, err = t.conflicts(ctx, name, 0, w.ticket, w.mode)
+		if err == nil && ahead == 0 && w.mode == modeShared {
+			t.granted(ctx, name, w)
+		}
 		if err != nil || ahead > 0 || w.mode == modeShared {
 			return ahead, 0, err
 		}
@@ -295,6 +302,16 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 		if err := t.createRow(ctx, c, name); err != nil {
 			return 0, 0, err
 		}
+	}
+}
+
+// granted records that the shared ticket of w, which waited, holds the
+// lock from now on (qTicketGranted), for ListLocks. The hold does not
+// depend on it: a failure is only logged, and the ticket's held_since
+// stays the time of its insert, earlier than the hold's start.
+func (t *tickets) granted(ctx context.Context, name string, w *waiter) {
+	if _, err := t.st.exec(ctx, sTicketGranted, name, w.ticket, t.id, w.token); err != nil {
+		t.st.logger.Debug("dsync: record the start of a read hold failed", "lock", name, "err", err)
 	}
 }
 

@@ -21,9 +21,45 @@ type lockJSON struct {
 	Holder  string `json:"holder"`  // the holder's label
 	Session int64  `json:"session"` // the holder's lease id
 	Fence   int64  `json:"fence"`   // 0 for read
-	HeldMS  int64  `json:"held_ms"` // upper bound: the age of the holder's lease
-	Waiters int    `json:"waiters"`
+	HeldMS  int64  `json:"held_ms"` // the hold's age (see lsColumns)
+	Waiters int    `json:"waiters"` // see lsColumns: for mutex, 1 means at least 1
 }
+
+// lsColumns is what dsync ls --help adds to lsUsage: what each column
+// means for each kind of lock.
+const lsColumns = `Lists the holds of live sessions, one row per hold, sorted by name; the
+sessions that wait are counted (WAITERS), not listed. --json prints one
+JSON array: name, kind, holder, session, fence, held_ms (HELD in
+milliseconds), waiters.
+Columns:
+  NAME     the lock's name
+  KIND     mutex: a Mutex (dsync run without --fair/--read/--write), also a
+           Mutex.LockTx hold; write: a FairMutex or an RWMutex writer;
+           read: an RWMutex reader, one row per reading session
+  HOLDER   the label of the holder's session (--label; default host:pid)
+  SESSION  the holder's lease id (DSYNC_SESSION of dsync run's command)
+  FENCE    the hold's fencing token (DSYNC_FENCE); 0 for read
+  HELD     how long the lock has been held, on the database's clock: since
+           the statement that took it. A LockTx hold counts from that take
+           (right before the caller's transaction gets the lock) and lasts
+           until the transaction ends. For write and read, a waiter whose
+           turn has come but who has not seen it yet (a poll or a doorbell
+           away: milliseconds) is listed as the holder, its HELD counted
+           from when it began to wait (or, for write, from when the write
+           hold before it began, if that is later).
+  WAITERS  the sessions that wait for the lock, as far as the database
+           records them:
+           write, read: exact. Every session in line for the name, whichever
+             side it waits for (a session's goroutines wait in one place);
+             each holder of the name shows the same count.
+           mutex: 1+ when a waiter has claimed the next hold, else 0. The
+             tables record that one waiter only: the others block on the
+             holder's doorbell (a GET_LOCK), which no table shows, and the
+             server's process list does not say which lock such a wait is
+             for. A waiter on a doorbell claims at once; one that polls
+             (where there is no doorbell, e.g. on Galera) once it has
+             waited 100ms (10ms on Galera). In --json, waiters is then 1.
+`
 
 // cmdLs lists the locks held now: dsync ls [--dsn DSN] [--prefix P] [--json].
 func cmdLs(args []string) int {
@@ -71,10 +107,20 @@ func printTable(locks []dsync.LockInfo) error {
 	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tKIND\tHOLDER\tSESSION\tFENCE\tHELD\tWAITERS")
 	for _, l := range locks {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%d\n", cell(l.Name), l.Kind, cell(l.Holder),
-			l.Session, l.Fence, roughly(l.Held), l.Waiters)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(l.Name), l.Kind, cell(l.Holder),
+			l.Session, l.Fence, roughly(l.Held), waiters(l))
 	}
 	return w.Flush()
+}
+
+// waiters returns the WAITERS cell of l: the count, with a + for a Mutex
+// that has one, since more may wait than the database records.
+func waiters(l dsync.LockInfo) string {
+	n := strconv.Itoa(l.Waiters)
+	if l.Kind == dsync.KindMutex && l.Waiters > 0 {
+		n += "+"
+	}
+	return n
 }
 
 // cell returns s as a table cell: as it is when it is printable without

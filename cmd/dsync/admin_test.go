@@ -28,20 +28,37 @@ type holding struct {
 	p              *proc
 	session, fence int64
 	stopFile       string
+	infoFile       string // written once the command runs
 }
 
 func startHolding(t *testing.T, flags ...string) *holding {
+	t.Helper()
+	h := startWaiting(t, flags...)
+	h.await(t)
+	return h
+}
+
+// startWaiting starts dsync run as startHolding does, without waiting for
+// it to hold the lock: see holds and await.
+func startWaiting(t *testing.T, flags ...string) *holding {
 	t.Helper()
 	dir := t.TempDir()
 	info, stop := filepath.Join(dir, "info"), filepath.Join(dir, "stop")
 	p := startDsync(t, args([]string{"run"}, flags, []string{"--"},
 		script(`echo "$DSYNC_SESSION $DSYNC_FENCE" > INFO.tmp && mv INFO.tmp INFO; while [ ! -e STOP ]; do sleep 0.02; done`,
 			"INFO", info, "STOP", stop))...)
-	h := &holding{p: p, stopFile: stop}
-	if _, err := fmt.Sscan(waitFile(t, info), &h.session, &h.fence); err != nil {
+	return &holding{p: p, stopFile: stop, infoFile: info}
+}
+
+// holds reports whether h's command runs, that is whether it holds the lock.
+func (h *holding) holds() bool { return exists(h.infoFile) }
+
+// await waits until h's command runs, and reads its session and fence.
+func (h *holding) await(t *testing.T) {
+	t.Helper()
+	if _, err := fmt.Sscan(waitFile(t, h.infoFile), &h.session, &h.fence); err != nil {
 		t.Fatal(err)
 	}
-	return h
 }
 
 // stop ends the command and checks that dsync exited 0.
@@ -164,6 +181,10 @@ func TestLs(t *testing.T) {
 		if s, _ := strconv.ParseInt(fields[3], 10, 64); s != m.session && s != r1.session && s != r2.session && s != f.session {
 			t.Errorf("dsync ls row %q: session %s is none of the holders'", line, fields[3])
 		}
+		// A Mutex's waiters are those the database records: at least 1.
+		if want := map[string]string{mu: "1+", rw: "1", fair: "0"}[fields[0]]; fields[6] != want {
+			t.Errorf("dsync ls row %q: WAITERS %s; want %s", line, fields[6], want)
+		}
 	}
 	if rows != 4 {
 		t.Errorf("dsync ls: got %d rows of the test's locks; want 4:\n%s", rows, r.stdout)
@@ -183,6 +204,96 @@ func TestLs(t *testing.T) {
 	// A prefix without tables is an error, not an empty list.
 	if r := runDsync(t, "ls", "--prefix", "nosuch_"); r.code != exitUnavailable || !strings.Contains(r.stderr, "no session used prefix") {
 		t.Errorf("dsync ls --prefix nosuch_: got %d, %q; want %d and a hint about the prefix", r.code, r.stderr, exitUnavailable)
+	}
+}
+
+// TestLsHeldAndWaiters checks dsync ls's HELD and WAITERS: two sessions
+// wait for each of a Mutex, a FairMutex and an RWMutex's read side, a
+// second long, then get the lock (one of them, or for the readers both):
+// the holds' age is at most the time since their lock was released, not
+// their sessions' age. And dsync ls --help says what the columns mean.
+func TestLsHeldAndWaiters(t *testing.T) {
+	mu, fair, rw := lockName(t)+"/mutex", lockName(t)+"/fair", lockName(t)+"/rw"
+	holders := []*holding{
+		startHolding(t, mu), startHolding(t, "--fair", fair), startHolding(t, "--write", rw),
+	}
+	started := time.Now() // the waiters' sessions start after this
+	waiting := map[string][]*holding{}
+	for range 2 {
+		waiting[mu] = append(waiting[mu], startWaiting(t, mu))
+		waiting[fair] = append(waiting[fair], startWaiting(t, "--fair", fair))
+		waiting[rw] = append(waiting[rw], startWaiting(t, "--read", rw))
+	}
+	want := map[string]int{mu: 1, fair: 2, rw: 2}
+	waitFor(t, "ls to show the waiters", func() bool {
+		for _, l := range lsJSON(t, mu, fair, rw) {
+			if l.Waiters != want[l.Name] {
+				return false
+			}
+		}
+		return true
+	})
+	r := runDsync(t, "ls")
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == mu && f[6] != "1+" {
+			t.Errorf("dsync ls: the Mutex's WAITERS: got %q in %q; want 1+ (at least the claimant)", f[6], line)
+		}
+	}
+	time.Sleep(time.Until(started.Add(1200 * time.Millisecond)))
+
+	released := time.Now() // no waiter's hold began before this
+	for _, h := range holders {
+		h.stop(t)
+	}
+	var held []*holding
+	waitFor(t, "a waiter of each lock, and both readers, to hold", func() bool {
+		held = held[:0]
+		for _, name := range []string{mu, fair, rw} {
+			for _, h := range waiting[name] {
+				if h.holds() {
+					held = append(held, h)
+				}
+			}
+		}
+		return len(held) == 4
+	})
+	for _, h := range held {
+		h.await(t)
+	}
+	locks := lsJSON(t, mu, fair, rw)
+	upper, sessionAge := time.Since(released), time.Since(started)
+	if len(locks) != 4 {
+		t.Fatalf("ls --json: got %+v; want 4 holds", locks)
+	}
+	for _, l := range locks {
+		if !slices.ContainsFunc(held, func(h *holding) bool { return h.session == l.Session }) {
+			t.Errorf("ls --json: got %+v; want a hold of one of the waiters", l)
+		}
+		// held_ms is rounded down; the server's and this clock are read at
+		// slightly different moments.
+		if l.HeldMS > (upper + 20*time.Millisecond).Milliseconds() {
+			t.Errorf("held_ms of %s (%s): got %d; want at most %d (since the lock was released), not the session's age, over %d",
+				l.Name, l.Kind, l.HeldMS, upper.Milliseconds(), sessionAge.Milliseconds())
+		}
+	}
+	// The second waiters of the Mutex and the FairMutex run their command
+	// when the first ones end, and find their stop file there already.
+	for _, name := range []string{mu, fair, rw} {
+		for _, h := range waiting[name] {
+			if err := os.WriteFile(h.stopFile, []byte("stop"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, name := range []string{mu, fair, rw} {
+		for _, h := range waiting[name] {
+			h.stop(t)
+		}
+	}
+
+	r = runDsync(t, "ls", "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "Columns:") || !strings.Contains(r.stdout, "WAITERS") {
+		t.Errorf("dsync ls --help: got %d, %q; want 0 and what the columns mean", r.code, r.stdout)
 	}
 }
 

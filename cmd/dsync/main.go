@@ -91,11 +91,12 @@ const (
   lock not obtained; 78 the name is used by another kind of lock (--fair,
   --read and --write against none of them); 70 the hold was lost while the
   command ran: the lease lost or at risk, or the Mutex released by force
-  (dsync release --force, seen within about TTL/3): dsync stopped the
+  (dsync release --force, seen within about 2 × TTL/3): dsync stopped the
   command (unless it had ended); 69 database unusable; 64 usage.
 `
 	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
       --connect-timeout D   give up after D (default 10s)
+      (dsync ls --help: what each column means)
 `
 	schemaUsage = `dsync schema [--prefix P]                    the CREATE TABLE statements
 `
@@ -108,7 +109,7 @@ const (
 )
 
 // usages maps each command to its usage.
-var usages = map[string]string{"run": runUsage, "ls": lsUsage, "schema": schemaUsage, "release": releaseUsage}
+var usages = map[string]string{"run": runUsage, "ls": lsUsage + lsColumns, "schema": schemaUsage, "release": releaseUsage}
 
 var (
 	stdout io.Writer = os.Stdout

@@ -245,16 +245,29 @@ func (c *runConfig) run() int {
 // acquire takes the lock. It returns -1 once the lock is held, else the
 // exit status.
 func (c *runConfig) acquire(r *relay, db *sql.DB, s *dsync.Session, l *lock) int {
-	ok, err := l.try(r.ctx)
+	// --wait bounds the first try too, and so does --connect-timeout with
+	// --nonblock: a try on a lease lost since NewSession waits for a new
+	// one (WithReplaceLostLease), as long as the database is out.
+	ctx := r.ctx
+	if c.wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.wait)
+		defer cancel()
+	}
+	tryCtx := ctx
+	if c.nonblock {
+		var cancel context.CancelFunc
+		tryCtx, cancel = context.WithTimeout(ctx, c.connectTimeout)
+		defer cancel()
+	}
+	ok, err := l.try(tryCtx)
+	if c.nonblock && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no lease within --connect-timeout %v: %w", c.connectTimeout, err)
+		return unavailable(err)
+	}
 	if err == nil && !ok && !c.nonblock {
 		if !c.quiet {
 			c.sayWaiting(r.ctx, db, l)
-		}
-		ctx := r.ctx
-		if c.wait > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, c.wait)
-			defer cancel()
 		}
 		stop := c.reportNewLeases(s)
 		err = l.lock(ctx)
@@ -349,7 +362,7 @@ func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
 	msg := fmt.Sprintf("dsync: waiting for lock %q", c.name)
 	if len(blocking) > 0 {
 		h := blocking[0]
-		msg += fmt.Sprintf(" held by %s for up to %s", h.Holder, roughly(h.Held))
+		msg += fmt.Sprintf(" held by %s for %s", h.Holder, roughly(h.Held))
 		if n := len(blocking) - 1; n > 0 {
 			msg += fmt.Sprintf(" (and %d more holders)", n)
 		}

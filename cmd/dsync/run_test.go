@@ -559,7 +559,7 @@ func TestExitStatusUsage(t *testing.T) {
 		{[]string{"--help"}, usage},
 		{[]string{"-h"}, usage},
 		{[]string{"run", "-h"}, "usage:\n" + runUsage},
-		{[]string{"ls", "--help"}, "usage:\n" + lsUsage},
+		{[]string{"ls", "--help"}, "usage:\n" + lsUsage + lsColumns},
 		{[]string{"release", "-help"}, "usage:\n" + releaseUsage},
 	} {
 		r := runDsync(t, help.args...)
@@ -781,7 +781,7 @@ func TestWaitingLine(t *testing.T) {
 		if quiet != "" {
 			want = 0
 		}
-		waiting := fmt.Sprintf("dsync: waiting for lock %q held by test-holder for up to ", name)
+		waiting := fmt.Sprintf("dsync: waiting for lock %q held by test-holder for ", name)
 		if got := strings.Count(r.stderr, waiting); got != want || want == 1 && !strings.HasPrefix(r.stderr, waiting) {
 			t.Errorf("dsync run %s: stderr %q: got %d lines %q; want %d, first", quiet, r.stderr, got, waiting, want)
 		}
@@ -897,5 +897,26 @@ func TestDriverLogSilenced(t *testing.T) {
 	t.Logf("killed %d connections of dsync; it exited %d: %q", killed, r.code, r.stderr)
 	if strings.Contains(r.stderr, "[mysql]") {
 		t.Errorf("stderr: got %q; want no line of the driver's", r.stderr)
+	}
+}
+
+// TestRunUnderAutocommitOff: a DSN that turns autocommit off must not make
+// dsync run take its own live hold for a forced release. Its looks at the
+// tables (LockHolders, every TTL/3) would otherwise read one snapshot, in
+// which the lease's expires_at never moves: two looks past it found no
+// hold, and dsync stopped the command and exited 70 (a reviewer's finding:
+// exit 70 after 2.5s with --ttl 1.5s).
+func TestRunUnderAutocommitOff(t *testing.T) {
+	cfg, err := mysql.ParseDSN(dbtest.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["autocommit"] = "0"
+	r := runDsync(t, "run", "--dsn", cfg.FormatDSN(), "--ttl", "1s", lockName(t), "--", "sleep", "2")
+	if r.code != 0 || strings.Contains(r.stderr, "released by force") {
+		t.Fatalf("dsync run under autocommit=0: exit %d after %v, stderr %q; want 0, the command's", r.code, r.took, r.stderr)
 	}
 }
