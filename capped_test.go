@@ -22,6 +22,18 @@ func cappedDB(t *testing.T, limit int) *sql.DB {
 	return db
 }
 
+// lockOnce takes a lock with lock, within 30s of ctx, lets it go with
+// unlock, and sends the first error, or nil, to got.
+func lockOnce(ctx context.Context, lock, unlock func(context.Context) error, got chan<- error) {
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := lock(lctx)
+	if err == nil {
+		err = unlock(lctx)
+	}
+	got <- err
+}
+
 // TestCappedPoolWaitersDoNotPoll: on *sql.DBs limited to 8 connections,
 // as production pools are, waiters of every kind block on the holder's
 // doorbell instead of polling. For each kind a holder and two waiters, all
@@ -61,15 +73,7 @@ func TestCappedPoolWaitersDoNotPoll(t *testing.T) {
 		}
 		for _, s := range st.waiterSessions {
 			wlock, wunlock := waitKinds[st.kind].waiter(s, st.name)
-			go func() {
-				lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				err := wlock(lctx)
-				if err == nil {
-					err = wunlock(lctx)
-				}
-				got <- err
-			}()
+			go lockOnce(ctx, wlock, wunlock, got)
 		}
 	}
 	time.Sleep(time.Second) // the waiters settle on the doorbells
@@ -252,15 +256,7 @@ func TestCappedBelowBellsWaitersWithinBudget(t *testing.T) {
 		unlocks = append(unlocks, unlock)
 		for range waitersPer {
 			wlock, wunlock := ops(sessionOn(t, cappedDB(t, limit)), name)
-			go func() {
-				lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				err := wlock(lctx)
-				if err == nil {
-					err = wunlock(lctx)
-				}
-				got <- err
-			}()
+			go lockOnce(ctx, wlock, wunlock, got)
 			time.Sleep(200 * time.Millisecond) // the first claims, or is next in line
 		}
 	}
