@@ -22,6 +22,18 @@ func cappedDB(t *testing.T, limit int) *sql.DB {
 	return db
 }
 
+// lockOnce takes a lock with lock, within 30s of ctx, lets it go with
+// unlock, and sends the first error, or nil, to got.
+func lockOnce(ctx context.Context, lock, unlock func(context.Context) error, got chan<- error) {
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := lock(lctx)
+	if err == nil {
+		err = unlock(lctx)
+	}
+	got <- err
+}
+
 // TestCappedPoolWaitersDoNotPoll: on *sql.DBs limited to 8 connections,
 // as production pools are, waiters of every kind block on the holder's
 // doorbell instead of polling. For each kind a holder and two waiters, all
@@ -61,15 +73,7 @@ func TestCappedPoolWaitersDoNotPoll(t *testing.T) {
 		}
 		for _, s := range st.waiterSessions {
 			wlock, wunlock := waitKinds[st.kind].waiter(s, st.name)
-			go func() {
-				lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				defer cancel()
-				err := wlock(lctx)
-				if err == nil {
-					err = wunlock(lctx)
-				}
-				got <- err
-			}()
+			go lockOnce(ctx, wlock, wunlock, got)
 		}
 	}
 	time.Sleep(time.Second) // the waiters settle on the doorbells
@@ -235,5 +239,50 @@ func waitOnHeld(t *testing.T, holder, s *dsync.Session, base string, n int) (rel
 			}
 		}
 		return errs
+	}
+}
+
+// TestCappedBelowBellsWaitersWithinBudget: on *sql.DBs limited to fewer
+// connections than doorbells need (4, below bellsMinLimit's 8), waiters
+// poll, and stay within the polling budget (spinBudget per waiter,
+// keep-alives included): the Mutex waiter that claimed the next hold (it
+// polled every 2ms, about 500 statements a second) and the FairMutex
+// waiter next in line (likewise) as well as the ones behind them. Each
+// gets the lock once it is released.
+func TestCappedBelowBellsWaitersWithinBudget(t *testing.T) {
+	const (
+		limit      = 4
+		waitersPer = 2
+		window     = 2 * time.Second
+	)
+	ctx := context.Background()
+	admin := dbtest.Open(t)
+	holder := newSession(t)
+	got := make(chan error, 2*waitersPer)
+	var unlocks []func(context.Context) error
+	for _, ops := range []func(*dsync.Session, string) (func(context.Context) error, func(context.Context) error){mutexOps, fairOps} {
+		name := lockName(t)
+		lock, unlock := ops(holder, name)
+		if err := lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unlocks = append(unlocks, unlock)
+		for range waitersPer {
+			wlock, wunlock := ops(sessionOn(t, cappedDB(t, limit)), name)
+			go lockOnce(ctx, wlock, wunlock, got)
+			time.Sleep(200 * time.Millisecond) // the first claims, or is next in line
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	checkRateFor(t, admin, window, 2*waitersPer)
+	for _, unlock := range unlocks {
+		if err := unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 * waitersPer {
+		if err := <-got; err != nil {
+			t.Error(err)
+		}
 	}
 }

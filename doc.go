@@ -29,7 +29,8 @@
 // claims the next hold; FairMutex and RWMutex serve tickets in order.
 // Where doorbells are not available (a Galera cluster; a *sql.DB limited
 // to fewer than 8 connections) waiters poll with the back-off of
-// [WithBackOff]. How
+// [WithBackOff], within a budget of about 20 statements a second per
+// waiter, keep-alives included. How
 // waiting, claims, fairness and [Mutex.LockTx] work is in [docs/DESIGN.md].
 //
 // Errors are the sentinels of this package, wrapped with context: test them

@@ -36,10 +36,11 @@ import "context"
 // Handoff: the first waiter of each process blocks on the doorbell of the
 // nearest conflicting ticket ahead of it, whose release wakes it (see the
 // package's Waiting section). Where there are no doorbells (a Galera
-// cluster, a *sql.DB with a connection limit) it polls the database, every
-// 2ms for each conflicting ticket ahead of it (so every 2ms when next in
-// line), or sooner when the session's back-off (see [WithBackOff]) says
-// so. While a goroutine of its own process holds the lock it does not
+// cluster, a *sql.DB with a connection limit below 8) it polls the
+// database, every 2ms for each conflicting ticket ahead of it (so every
+// 2ms when next in line), or sooner when the session's back-off (see
+// [WithBackOff]) says so, within the polling budget (a few fast polls, then
+// about 12 statements a second). While a goroutine of its own process holds the lock it does not
 // wait on the database: that holder's Unlock wakes it at once. The price of
 // fairness is throughput: a lock handed over in strict order cannot be
 // grabbed by whoever happens to ask at the right moment, and a waiter

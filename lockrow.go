@@ -166,11 +166,12 @@ type lockBellRead struct {
 }
 
 // claimRow claims the next hold of the Mutex row name for this session
-// for claimFor, or renews its claim (qLockClaim), without waiting for a
-// transaction that holds the row, and reports whether the claim is its
-// own now.
-func (r *lockRows) claimRow(ctx context.Context, name string, claimFor time.Duration) (bool, error) {
-	return r.st.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, r.id, claimFor.Microseconds(), name, r.id)
+// for claimFor, having waited waited (the longest waiter wins), or renews
+// its claim (qLockClaim), without waiting for a transaction that holds
+// the row, and reports whether the claim is its own now.
+func (r *lockRows) claimRow(ctx context.Context, name string, claimFor, waited time.Duration) (bool, error) {
+	d := waited.Microseconds()
+	return r.st.execNoWaitChanged(ctx, sLockClaim, sLockClaimNoWait, r.id, claimFor.Microseconds(), d, name, r.id, d)
 }
 
 // unclaimRow drops this session's claim on the next hold of the Mutex row

@@ -207,12 +207,13 @@ func (m *Mutex) acquire(ctx context.Context, c *call, wait bool) (fence, token i
 // remembers between attempts beyond waitState.
 type mutexWait struct {
 	m            *Mutex
-	fence, token int64     // the last attempt's
-	claimed      time.Time // when this call last claimed the next hold; zero: no claim of its own
-	wanted       bool      // qLockWant was sent: it may have claimed the next hold
-	wantedAt     time.Time // when qLockWant was last sent
-	unwanted     bool      // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
-	selfHeld     bool      // the row was last seen held by this session itself
+	fence, token int64         // the last attempt's
+	claimed      time.Time     // when this call last claimed the next hold; zero: no claim of its own
+	wanted       bool          // qLockWant was sent: it may have claimed the next hold
+	wantedAt     time.Time     // when qLockWant was last sent
+	unwanted     bool          // qLockWant met the row locked: no release rings for this waiter (see awaitBell)
+	selfHeld     bool          // the row was last seen held by this session itself
+	fast         time.Duration // the claimant's last poll delay (see poll); 0: none since its claim
 }
 
 // try makes one attempt at the lock row. The first attempt tries the
@@ -255,46 +256,65 @@ func (mw *mutexWait) retrying(err error) {
 }
 
 // poll returns the delay of a poll without a doorbell: the back-off's d,
-// or, once the call has waited starveAfter, claimPoll while it holds the
-// claim on the next hold, so that neither the holder's process nor a
-// faster poller takes it first. (A row this session holds itself, under
-// a token it no longer knows, is freed by the reaper: claiming it would
-// only poll it faster.)
+// or, once the call has waited starveAfter, while it holds the claim on
+// the next hold (so that neither the holder's process nor a faster poller
+// takes it first), claimPoll after it claimed and twice the last delay
+// after each poll that found the lock still held, up to d: fast for the
+// holds that end soon after the claim, and paced, as the back-off is, for
+// the long ones. waitFor keeps it all within the polling budget
+// (pollBudget), the claims included. (A row this session holds itself,
+// under a token it no longer knows, is freed by the reaper: claiming it
+// would only poll it faster.)
 func (mw *mutexWait) poll(ctx context.Context, w *waitState, d time.Duration) time.Duration {
 	if mw.selfHeld || time.Since(w.started) < mw.m.s.starveAfter() {
 		return d
 	}
-	if mw.claimed.IsZero() || time.Since(mw.claimed) >= claimFor/3 {
-		if mw.m.claim(ctx) {
+	if mw.claimed.IsZero() || time.Since(mw.claimed) >= claimRenew {
+		was := !mw.claimed.IsZero()
+		w.polls.spend(1)
+		if mw.m.claim(ctx, time.Since(w.started)) {
 			mw.claimed = time.Now()
+			if !was {
+				mw.fast = 0 // a new claim: poll fast again
+			}
 		} else {
 			mw.claimed = time.Time{} // another waiter's claim is current
 		}
 	}
-	if !mw.claimed.IsZero() {
-		d = min(d, claimPoll) // only the claimant polls fast
+	if mw.claimed.IsZero() {
+		// An older waiter's claim is current: it takes the lock next, and
+		// this call keeps its budget for when the claim is its own.
+		return max(d, unclaimedPoll)
 	}
-	return d
+	mw.fast = min(max(2*mw.fast, claimPoll), d)
+	return mw.fast
 }
 
 // Starving waiters that poll (no doorbell, see doorbell.go; a waiter on a
 // doorbell claims the next hold at once): a Lock that has waited
 // starveAfter claims the next hold of the lock for claimFor, renewing its
-// claim while it waits, and polls every claimPoll. The claim bounds how
-// long a waiter can be overtaken by other processes, including the
-// holder's own process re-acquiring at once (its node commits first on a
-// cluster), to about starveAfter plus one hold. On a single server a
-// shorter starveAfter makes claims, and the idle row between a release and
-// the claimant's next poll, common under ordinary contention, which costs
-// acquisitions; on a Galera cluster, where the holder's node wins most
-// races, a short galeraStarveAfter evens out the nodes' shares, at some
-// cost in acquisitions (TestGaleraMutexShares). The measurements behind
-// both values are in docs/CONSTANTS.md.
+// claim every claimRenew while it waits, and polls from claimPoll on,
+// doubling the delay while the lock stays held (see mutexWait.poll). The
+// claim bounds how long a waiter can be overtaken by other processes,
+// including the holder's own process re-acquiring at once (its node
+// commits first on a cluster), to about starveAfter plus one hold. On a
+// single server a shorter starveAfter makes claims, and the idle row
+// between a release and the claimant's next poll, common under ordinary
+// contention, which costs acquisitions; on a Galera cluster, where the
+// holder's node wins most races, a short galeraStarveAfter evens out the
+// nodes' shares, at some cost in acquisitions (TestGaleraMutexShares). A
+// claim lasts claimFor, three renewals, so that a claimant's polls, not
+// its renewals, spend its polling budget; a claim left behind by a Lock
+// that could not drop it (unclaim) lapses after claimFor, or with its
+// session's lease. The measurements behind the values are in
+// docs/CONSTANTS.md.
 const (
 	starveAfter       = 100 * time.Millisecond
 	galeraStarveAfter = 10 * time.Millisecond
-	claimFor          = 300 * time.Millisecond
+	claimFor          = 3 * time.Second
+	claimRenew        = claimFor / 3
 	claimPoll         = 2 * time.Millisecond
+	unclaimedPoll     = 250 * time.Millisecond
 
 	unclaimWithin = 250 * time.Millisecond
 )
@@ -308,11 +328,11 @@ func (s *Session) starveAfter() time.Duration {
 	return starveAfter
 }
 
-// claim claims the next hold for this session, or renews its claim, and
-// reports whether the claim is its own now. A failure only means waiting
-// as before.
-func (m *Mutex) claim(ctx context.Context) bool {
-	ok, err := m.s.rows.claimRow(ctx, m.name, claimFor)
+// claim claims the next hold for this session, which has waited waited,
+// or renews its claim, and reports whether the claim is its own now. A
+// failure only means waiting as before.
+func (m *Mutex) claim(ctx context.Context, waited time.Duration) bool {
+	ok, err := m.s.rows.claimRow(ctx, m.name, claimFor, waited)
 	if err != nil {
 		m.s.logger.Debug("dsync: claim failed", "lock", m.name, "kind", kindMutex, "err", err)
 	}

@@ -60,7 +60,10 @@ func WithTablePrefix(prefix string) Option { return func(o *options) { o.prefix 
 // is an exponential back-off from 2ms to 100ms with jitter, without time
 // limit (ctx bounds the wait). When a policy returns backoff.Stop, Lock
 // returns [ErrNotObtained]; on a doorbell that may be up to 8s after the
-// policy's time limit (bound a wait with ctx instead).
+// policy's time limit (bound a wait with ctx instead). Whatever the policy
+// says, a polling waiter keeps within a budget: a burst of 6 statements,
+// then 12 a second (so at most about 20 in any second with its session's
+// keep-alive).
 func WithBackOff(newBackOff func() backoff.BackOff) Option {
 	return func(o *options) { o.newBackOff = newBackOff }
 }

@@ -376,11 +376,18 @@ ON DUPLICATE KEY UPDATE
 
 	// qLockClaim claims the next hold of a lock for a session that has
 	// waited long (see qCreateLock), unless another waiter's claim is
-	// current, or renews the session's own claim. Args: lease id, claim
-	// length in microseconds, name, lease id. A claim is only a courtesy
-	// between waiters: mutual exclusion never depends on it.
-	qLockClaim = `UPDATE {lock} SET waiter = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-WHERE name = ? AND (waiter <= 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6))`
+	// current and that waiter began to wait no later than this one, or
+	// renews the session's own claim: the claim goes to the longest
+	// waiter, as qLockWant's does. Args: lease id, claim length in
+	// microseconds, microseconds this session has waited, name, lease id,
+	// microseconds waited. RowsAffected 1: the claim is the session's (the
+	// condition is in WHERE, so clientFoundRows does not matter). A claim
+	// is only a courtesy between waiters: mutual exclusion never depends
+	// on it.
+	qLockClaim = `UPDATE {lock} SET waiter = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,
+  waiter_since = UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+WHERE name = ? AND (waiter <= 0 OR waiter = ? OR claimed_until < UTC_TIMESTAMP(6)
+                    OR UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND < waiter_since)`
 
 	// qLockUnclaim drops the session's claim when it stops waiting,
 	// leaving waiter -1: sessions wanted the lock since it was last

@@ -47,6 +47,58 @@ type waitState struct {
 	attempt int       // the attempt about to be made or just made; 0: the first
 	started time.Time // when the call first waited; zero until then
 	bells   bellState // the doorbell waits' (see doorbell.go)
+	polls   pollBudget
+}
+
+// The polling budget: a waiter that polls (no doorbell to wait on: a
+// Galera cluster, a *sql.DB with a connection limit below bellsMinLimit,
+// a server that refuses GET_LOCK) sends its statements from a bucket that
+// holds pollBurst and fills at pollRate a second, whatever the back-off
+// policy says. So in any second it sends at most pollBurst + pollRate
+// statements, plus one (a claim is spent before the wait that pays for
+// it): 19, and 20 with its session's keep-alive (one every 2s at the
+// default TTL) within spinBudget. The burst is what a waiter has for the
+// moments that matter: the first polls of a wait (the lock is often free
+// again within milliseconds), and a claimant's first polls after its
+// claim (see mutexWait.poll); a waiter that has waited long polls at about
+// pollRate, so a lock that falls free is taken within 1/pollRate (83ms),
+// 42ms on average.
+const (
+	pollBurst = 6
+	pollRate  = 12
+)
+
+// pollBudget is one waiting call's bucket of statements (see pollBurst).
+// The zero value is full.
+type pollBudget struct {
+	tokens float64   // statements it may send now; below 1 after a statement it spent ahead
+	at     time.Time // when tokens was last brought up to date; zero: never, full
+}
+
+// fill brings tokens up to date.
+func (b *pollBudget) fill() {
+	now := time.Now()
+	if b.at.IsZero() {
+		b.tokens = pollBurst
+	} else {
+		b.tokens = min(pollBurst, b.tokens+now.Sub(b.at).Seconds()*pollRate)
+	}
+	b.at = now
+}
+
+// spend counts n statements sent.
+func (b *pollBudget) spend(n int) {
+	b.fill()
+	b.tokens -= float64(n)
+}
+
+// delay returns d, or longer: until the bucket holds a statement.
+func (b *pollBudget) delay(d time.Duration) time.Duration {
+	b.fill()
+	if b.tokens >= 1 {
+		return d
+	}
+	return max(d, time.Duration((1-b.tokens)/pollRate*float64(time.Second)))
 }
 
 // stopWait is an attempt's error that ends the wait as it is, without
@@ -72,6 +124,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 	}()
 	for ; ; w.attempt++ {
 		taken, err := p.try(ctx, &w)
+		w.polls.spend(1)
 		var stop stopWait
 		switch {
 		case err == nil && taken:
@@ -121,8 +174,12 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			continue
 		case out == waitPace:
 			d = w.bells.nextPace()
-		case err == nil && p.poll != nil:
-			d = p.poll(ctx, &w, d)
+		default:
+			// Polling: as the policy says, within the budget.
+			if err == nil && p.poll != nil {
+				d = p.poll(ctx, &w, d)
+			}
+			d = w.polls.delay(d)
 		}
 		if timer == nil {
 			timer = time.NewTimer(d)
