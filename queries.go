@@ -664,6 +664,62 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// then.
 	qTicketRelease = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?) OR (seq = ? AND holder = 0))`
 
+	// The handoff statements: a release of the head slot on the connection
+	// that holds the session's doorbell rings it in the same statement when
+	// tickets wait (as qLockReleaseRing does for a Mutex), and a waiter that
+	// a doorbell woke checks its turn with a statement that first waits for
+	// the release that woke it to commit. The ring comes before the
+	// release's commit, and a plain read at READ COMMITTED sees the last
+	// committed rows, so a woken waiter's plain check could still see the
+	// hold it waited for; its check therefore locks what a release writes
+	// (the per-name row, and the ticket it waited behind, in share mode)
+	// before its reads: the lock wait ends with the release's commit, and
+	// the reads, whose snapshot is taken at their first row (READ
+	// COMMITTED), come after. (A ticket's release still rings after its
+	// commit, see tickets.freeRinging; the share lock on its ticket then
+	// costs nothing.) The ring's GET_LOCK runs only when the connection does
+	// not hold the next generation yet (see qLockReleaseRing), so a
+	// statement rolled back (1213) and run again takes it once.
+
+	// qQueueReleaseRing is qQueueRelease on the doorbell's connection,
+	// ringing the doorbell in the same statement when tickets of the name
+	// exist: it takes the next generation and lets the current one go.
+	// Args: next doorbell name (twice), current doorbell name, name, lease
+	// id, token. RowsAffected as qQueueRelease's. LastInsertId 0: no ticket
+	// (or nothing freed); 2: rung, the next generation taken; 1: rung, the
+	// next generation not taken.
+	qQueueReleaseRing = `UPDATE {queue} SET holder = 0,
+  token = 0 + 0 * LAST_INSERT_ID(IF(EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name),
+    1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
+WHERE name = ? AND holder = ? AND token = ?`
+
+	// qTicketTakeWoken is qTicketTake for a waiter that a doorbell woke: it
+	// first waits for the release it was woken by to commit (see above), by
+	// the per-name row's lock (a head slot's release) and a share lock on
+	// the ticket it waited behind (a ticket's release; there is no row to
+	// wait for once it is gone), then decides as qTicketTake does. Args:
+	// ticket, name, the ticket waited behind (0: the head slot). Results as
+	// qTicketTake's.
+	qTicketTakeWoken = `UPDATE {queue} SET
+  fence = IF(EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+                     WHERE t.name = {queue}.name AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6))
+             OR ` + slotHeldQueue + `,
+             fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
+WHERE name = ? AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = {queue}.name AND w.seq = ? LOCK IN SHARE MODE) >= 0`
+
+	// qTicketConflictsWoken is qTicketConflicts (after 0) for a shared
+	// waiter that a doorbell woke: it reads the per-name row and the ticket
+	// it waited behind in share mode first, which waits for the release
+	// it was woken by to commit (see above). Args: before, mode, name, the
+	// ticket waited behind (0: the head slot). No row: the per-name row is
+	// missing (use qTicketConflicts).
+	qTicketConflictsWoken = `SELECT (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+  WHERE t.name = q.name AND t.seq > 0 AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6))
+  + IF(` + slotHeldQ + `, 1, 0)
+FROM {queue} q
+WHERE q.name = ? AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = q.name AND w.seq = ? LOCK IN SHARE MODE) >= 0
+LOCK IN SHARE MODE`
+
 	// qTicketAhead finds the nearest live ticket ahead of a waiting one
 	// that it conflicts with (see qTicketConflicts), its session's doorbell
 	// and how long that session's lease has left in microseconds: the
@@ -1077,6 +1133,9 @@ const (
 	sQueueBind
 	sQueueBindNoWait
 	sLeaseLive
+	sQueueReleaseRing
+	sTicketTakeWoken
+	sTicketConflictsWoken
 	numStmts
 )
 
@@ -1164,6 +1223,9 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueBind] = r.Replace(qQueueBind)
 	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
 	q.prepared[sLeaseLive] = r.Replace(qLeaseLive)
+	q.prepared[sQueueReleaseRing] = r.Replace(qQueueReleaseRing)
+	q.prepared[sTicketTakeWoken] = r.Replace(qTicketTakeWoken)
+	q.prepared[sTicketConflictsWoken] = r.Replace(qTicketConflictsWoken)
 	return q
 }
 
