@@ -358,12 +358,7 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		// can be found; a waiter behind it wakes within bellWait.
 		return t.st.execChanged(ctx, sTicketDelete, o.name, t.id, o.token)
 	}
-	var ran bool
-	var res sql.Result
-	var err error
-	if o.seq == headSlot {
-		ran, res, err = t.freeRinging(ctx, o)
-	}
+	ran, res, err := t.freeRinging(ctx, o)
 	if !ran || (err != nil && ctx.Err() == nil) {
 		// Not run on the doorbell's connection, or failed there (the
 		// connection went with it): free o on a pool connection. The
@@ -382,7 +377,7 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 	}
 	n, err := res.RowsAffected()
 	if ran {
-		// It rang in the statement when tickets waited.
+		// It rang in the statement when a waiter waited.
 		return err == nil && n > 0, err
 	}
 	if err == nil && n == 0 && o.seq == headSlot {
@@ -406,29 +401,30 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 	return true, nil
 }
 
-// freeRinging frees the head slot o as freeTicket does, but on the
-// doorbell's connection, ringing in the same statement when tickets wait
-// (qQueueReleaseRing), as lockRows.freeRinging does for a Mutex: the woken
+// freeRinging frees the ticket or head slot o (not an enqueue of unknown
+// outcome) as freeTicket does, but on the doorbell's connection, ringing
+// in the same statement when a waiter waits (qQueueReleaseRing,
+// qTicketReleaseRing), as lockRows.freeRinging does for a Mutex: the woken
 // waiter's check is then on its way while the release commits (it waits
 // for that commit, see qTicketTakeWoken), a statement sooner than a ring
 // after the release. ran is false when the statement had no effect and
 // the caller must free o on a pool connection: as for the Mutex (the
 // session ending, ctx ended, the doorbell not taken or its connection in
-// use), and also when the slot was not this acquisition's (the plain
-// release then decides, and rings, as before). When the statement failed,
-// ran is true with its error, and the connection (with its doorbell, which
-// wakes the waiters) is dropped for a new one.
-//
-// A ticket's release (a DELETE) does not ring in its statement: a DELETE
-// reports no LAST_INSERT_ID, and a multi-table DELETE that rang in its
-// join condition was seen to take the next generation twice on one
-// connection (the condition is evaluated more than once), so that the
-// ring after it let the doorbell go only once and its waiters slept
-// bellWait.
+// use), and also when the ticket or slot was not this acquisition's (the
+// plain release then decides, and rings, as before). When the statement
+// failed, ran is true with its error, and the connection (with its
+// doorbell, which wakes the waiters) is dropped for a new one.
 func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
-	ran = t.bell.ringIn(ctx, sQueueReleaseRing, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
+	stmt := sTicketReleaseRing
+	if o.seq == headSlot {
+		stmt = sQueueReleaseRing
+	}
+	ran = t.bell.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
 		res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-			return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
+			if o.seq == headSlot {
+				return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
+			}
+			return st.ExecContext(ctx, o.name, t.id, o.token, o.seq+markerBase, t.id, next, next, cur)
 		}, 0)
 		switch {
 		case errors.Is(err, driver.ErrBadConn):
@@ -437,10 +433,16 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		case err != nil:
 			return ringBroken // it failed, maybe after it rang
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			// Not this acquisition's slot: the plain release decides.
+		n, _ := res.RowsAffected()
+		switch {
+		case n == 0:
+			// Not this acquisition's: the plain release decides.
 			res = nil
 			return ringNotRun
+		case o.seq != headSlot && n == 2:
+			return ringRang // the ticket and its marker
+		case o.seq != headSlot:
+			return ringNone
 		}
 		switch rang, _ := res.LastInsertId(); rang {
 		case 2:
