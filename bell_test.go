@@ -313,7 +313,9 @@ func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
 	go func() { unlocked <- m.Unlock(ctx) }()
 	awaitStatement(t, db, "DELETE FROM %dsync_ticket%WHERE name%", 5*time.Second, "the release never waited for the ticket's row lock")
 	const markerBase = 1 << 62
-	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, 0, 0)", name, ticket+markerBase); err != nil {
+	// The marker as qTicketWant writes it: its token names the session
+	// whose ticket it waits behind.
+	if _, err := tx.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, ?, 0)", name, ticket+markerBase, s.ID()); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

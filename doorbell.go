@@ -323,9 +323,12 @@ func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) 
 	}
 	if err == nil {
 		// Prepared now, so that a release that rings on c costs no more
-		// round trips than one on any other connection. A failure only
-		// leaves it to be prepared at first use.
-		_, _ = c.Stmt(ctx, b.store.pool, int(b.ringStmt()))
+		// round trips than one on any other connection: the Mutex's, and
+		// the queued locks' (see tickets.freeRinging). A failure only
+		// leaves them to be prepared at first use.
+		for _, i := range []stmtIndex{b.ringStmt(), sQueueReleaseRing, sTicketReleaseRing} {
+			_, _ = c.Stmt(ctx, b.store.pool, int(i))
+		}
 	}
 	if err == nil {
 		err = b.publish(ctx, c, gen)

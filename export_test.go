@@ -1,6 +1,7 @@
 package dsync
 
 import (
+	"context"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -73,4 +74,17 @@ func EnqueueAsOnCluster() (restore func()) {
 func AfterTxHandOver(f func(name string)) (restore func()) {
 	txHandOverHook.Store(&f)
 	return func() { txHandOverHook.Store(nil) }
+}
+
+// CheckWoken runs the turn check of a waiter of s with ticket number
+// ticket of name (exclusive or shared) that a doorbell has just woken
+// behind ticket behind (0: the head slot's holder), and returns the count
+// of conflicting holds and tickets ahead of it, and the fence it took (an
+// exclusive ticket with none ahead takes the lock).
+func CheckWoken(ctx context.Context, s *Session, name string, ticket int64, exclusive bool, behind int64) (ahead, fence int64, err error) {
+	w := &waiter{ticket: ticket, mode: modeShared, woken: true, behind: behind}
+	if exclusive {
+		w.mode = modeExclusive
+	}
+	return s.current().tickets.checkTicket(ctx, nil, name, w, false)
 }

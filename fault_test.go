@@ -550,8 +550,9 @@ func unlockReplyLost(t *testing.T, kind string) {
 	// the connection it runs on, so that the dropped reply (right after a
 	// renewal) is that of the release itself, not of a prepare or a dial:
 	// it runs its lock statements on its doorbell's connection when that
-	// is free (doorbell.lend), so a cycle after the doorbell is taken
-	// prepares them there. It has two or three connections: its lease's,
+	// is free (doorbell.lend), where the ring-in releases are prepared when
+	// the doorbell is taken (doorbell.take), and a cycle after that
+	// prepares the others there. It has two or three connections: its lease's,
 	// its doorbell's, and one of the pool's until it has sat unused for a
 	// second.
 	var h *dsync.Session

@@ -749,6 +749,80 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// then.
 	qTicketRelease = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?) OR (seq = ? AND holder = 0))`
 
+	// The handoff statements: a release on the connection that holds the
+	// session's doorbell rings it in the same statement when a waiter waits
+	// (as qLockReleaseRing does for a Mutex), and a waiter that a doorbell
+	// woke checks its turn with a statement that first waits for the
+	// release that woke it to commit. The ring comes before the release's
+	// commit, and a plain read at READ COMMITTED sees the last committed
+	// rows, so a woken waiter's plain check could still see the hold it
+	// waited for; its check therefore locks what a release writes (the
+	// per-name row, and the ticket it waited behind, in share mode) before
+	// its reads: the lock wait ends with the release's commit, and the
+	// reads, whose snapshot is taken at their first row (READ COMMITTED),
+	// come after. The ring's GET_LOCK runs only when the connection does not
+	// hold the next generation yet (see qLockReleaseRing), so a statement
+	// rolled back (1213) and run again, or a condition the server evaluates
+	// twice, takes it once.
+
+	// qQueueReleaseRing is qQueueRelease on the doorbell's connection,
+	// ringing the doorbell in the same statement when tickets of the name
+	// exist: it takes the next generation and lets the current one go.
+	// Args: next doorbell name (twice), current doorbell name, name, lease
+	// id, token. RowsAffected as qQueueRelease's. LastInsertId 0: no ticket
+	// (or nothing freed); 2: rung, the next generation taken; 1: rung, the
+	// next generation not taken.
+	qQueueReleaseRing = `UPDATE {queue} SET holder = 0,
+  token = 0 + 0 * LAST_INSERT_ID(IF(EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = {queue}.name),
+    1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0), 0))
+WHERE name = ? AND holder = ? AND token = ?`
+
+	// qTicketReleaseRing is qTicketRelease on the doorbell's connection:
+	// it removes the session's ticket and, when a waiter left its marker
+	// behind it (qTicketWant), rings the doorbell and removes the marker, in
+	// one statement. Args: name, lease id, token, ticket + markerBase, lease
+	// id, next doorbell name (twice), current doorbell name. A DELETE
+	// reports no LAST_INSERT_ID, so the rows say what it did: 2, the ticket
+	// and the marker: rung, the next generation taken; 1: the ticket alone,
+	// nobody waited (or the next generation could not be taken: rung, the
+	// marker left for the purge); 0: the ticket was not this acquisition's
+	// (free it with qTicketRelease, which decides as before). The ring is
+	// the last term of the marker's condition, so the server, which
+	// evaluates the conditions in order and stops at the first false one,
+	// runs it on that marker only, never on another of the name's rows
+	// (another ticket's marker). The marker must name this session as the
+	// holder of the ticket it waits behind (token, see qTicketWant; 1: a
+	// marker of a version before), so that a marker behind a number that
+	// came again for another session (this one's release of it committed,
+	// and the reaper runs it again) is not rung for: a ring reported as
+	// none would leave the doorbell's generations astray. Rows as
+	// qTicketRelease's, read in key order: the ticket before its marker.
+	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?)
+  OR (seq = ? AND holder = 0 AND token IN (1, ?)
+      AND 1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0) = 2))`
+
+	// qTicketTakeWoken is qTicketTake for a waiter that a doorbell woke: it
+	// first waits for the release it was woken by to commit (see above), by
+	// the per-name row's lock (a head slot's release) and a share lock on
+	// the ticket it waited behind (a ticket's release; there is no row to
+	// wait for once it is gone), then decides as qTicketTake does. Args:
+	// ticket, name, the ticket waited behind (0: the head slot). Results as
+	// qTicketTake's.
+	qTicketTakeWoken = qTicketTake + ` AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = {queue}.name AND w.seq = ? LOCK IN SHARE MODE) >= 0`
+
+	// qTicketConflictsWoken is qTicketConflicts (after 0) for a shared
+	// waiter that a doorbell woke: it reads the per-name row and the ticket
+	// it waited behind in share mode first, which waits for the release
+	// it was woken by to commit (see above). Args: before, mode, name, the
+	// ticket waited behind (0: the head slot). No row: the per-name row is
+	// missing (use qTicketConflicts).
+	qTicketConflictsWoken = `SELECT (SELECT COUNT(*) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+  WHERE t.name = q.name AND t.seq > 0 AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6))
+  + IF(` + slotHeldQ + `, 1, 0)
+FROM {queue} q
+WHERE q.name = ? AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = q.name AND w.seq = ? LOCK IN SHARE MODE) >= 0
+LOCK IN SHARE MODE`
+
 	// qTicketAhead finds the nearest live ticket ahead of a waiting one
 	// that it conflicts with (see qTicketConflicts), its session's doorbell
 	// and how long that session's lease has left in microseconds: the
@@ -773,9 +847,11 @@ ORDER BY 1 DESC LIMIT 1`
 	// locks the ticket it reads, so a release either comes after it and
 	// finds the marker, or came before and the ticket is gone. Args: name,
 	// ticket. LastInsertId 1: the ticket was there (marker left, or left
-	// already by another waiter); 0: it is gone, check again at once.
+	// already by another waiter); 0: it is gone, check again at once. The
+	// marker's token is the lease id of the ticket's holder, whose release
+	// rings for it (see qTicketReleaseRing).
 	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
-SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
+SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder + 0 * LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
@@ -1171,6 +1247,10 @@ const (
 	sQueueBindNoWait
 	sLeaseLive
 	sTicketGranted
+	sQueueReleaseRing
+	sTicketReleaseRing
+	sTicketTakeWoken
+	sTicketConflictsWoken
 	numStmts
 )
 
@@ -1261,6 +1341,10 @@ func newQueries(prefix string) *queries {
 	q.prepared[sQueueBindNoWait] = noWaitSQL + r.Replace(qQueueBind)
 	q.prepared[sLeaseLive] = r.Replace(qLeaseLive)
 	q.prepared[sTicketGranted] = r.Replace(qTicketGranted)
+	q.prepared[sQueueReleaseRing] = r.Replace(qQueueReleaseRing)
+	q.prepared[sTicketReleaseRing] = r.Replace(qTicketReleaseRing)
+	q.prepared[sTicketTakeWoken] = r.Replace(qTicketTakeWoken)
+	q.prepared[sTicketConflictsWoken] = r.Replace(qTicketConflictsWoken)
 	return q
 }
 

@@ -68,6 +68,8 @@ type waiter struct {
 	ticket, token int64 // ticket is headSlot for a hold in the head slot
 	mode          int
 	ahead         bool          // the enqueue saw a conflicting hold or ticket ahead
+	woken         bool          // a doorbell woke it since its last check (see checkTicket)
+	behind        int64         // when woken: the ticket it waited behind, 0 the head slot's holder
 	front         chan struct{} // closed when the waiter is first in the local line
 	kick          chan struct{} // a value means: poll now, the line may have moved
 }
@@ -525,5 +527,11 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 			return waitTry // the ticket ahead went meanwhile
 		}
 	}
-	return s.waiters.wait(ctx, s.done, ref, left, bellWait, st, s.logger, name, kindQueue)
+	out = s.waiters.wait(ctx, s.done, ref, left, bellWait, st, s.logger, name, kindQueue)
+	if out == waitTry {
+		// Rung (the release may not have committed yet), or timed out:
+		// the next check waits for that release (see checkTicket).
+		w.woken, w.behind = true, seq
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -274,7 +275,19 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	case first && w.mode == modeShared:
 		return 0, 0, nil
 	}
-	if w.mode == modeShared || !first {
+	// A waiter that a doorbell woke checks with the statements that wait
+	// for the release that woke it to commit (see qTicketTakeWoken): the
+	// release rang before its commit.
+	woken, behind := w.woken, w.behind
+	w.woken = false
+	switch {
+	case woken && w.mode == modeShared:
+		ahead, err = t.conflictsWoken(ctx, name, w.ticket, w.mode, behind)
+		if err == nil && ahead == 0 {
+			t.granted(ctx, name, w)
+		}
+		return ahead, 0, err
+	case w.mode == modeShared || (!first && !woken):
 		ahead, err = t.conflicts(ctx, name, 0, w.ticket, w.mode)
 		if err == nil && ahead == 0 && w.mode == modeShared {
 			t.granted(ctx, name, w)
@@ -284,7 +297,13 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 		}
 	}
 	for creates := 0; ; creates++ {
-		res, err := t.st.exec(ctx, sTicketTake, w.ticket, name)
+		var res sql.Result
+		var err error
+		if woken {
+			res, err = t.st.exec(ctx, sTicketTakeWoken, w.ticket, name, behind)
+		} else {
+			res, err = t.st.exec(ctx, sTicketTake, w.ticket, name)
+		}
 		if err != nil {
 			return 0, 0, err
 		}
@@ -334,28 +353,53 @@ func (t *tickets) conflicts(ctx context.Context, name string, after, before int6
 	return n, err
 }
 
+// conflictsWoken is conflicts (after 0) for a shared waiter that a
+// doorbell woke behind ticket behind (0: the head slot's holder): it waits
+// for that release to commit before it counts (qTicketConflictsWoken).
+func (t *tickets) conflictsWoken(ctx context.Context, name string, before int64, mode int, behind int64) (int64, error) {
+	var n int64
+	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		return t.st.query(ctx, c, sTicketConflictsWoken, []any{before, mode, name, behind}, &n)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return t.conflicts(ctx, name, 0, before, mode) // no per-name row
+	}
+	return n, err
+}
+
 // freeTicket removes the ticket o names, or frees the head slot (o.seq
 // headSlot), if this session's acquisition o.token still has it, and
 // reports whether it did (see Session.free). It rings the session's
 // doorbell when a waiter waits for it: a marker behind the ticket, or any
 // ticket behind the slot.
 func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
-	var res sql.Result
-	var err error
-	switch o.seq {
-	case 0:
+	if o.seq == 0 {
 		// An enqueue whose outcome is unknown: no number, so no marker
 		// can be found; a waiter behind it wakes within bellWait.
 		return t.st.execChanged(ctx, sTicketDelete, o.name, t.id, o.token)
-	case headSlot:
-		res, err = t.st.exec(ctx, sQueueRelease, o.name, t.id, o.token)
-	default:
-		res, err = t.st.exec(ctx, sTicketRelease, o.name, t.id, o.token, o.seq+markerBase)
+	}
+	ran, res, err := t.freeRinging(ctx, o)
+	if !ran || (err != nil && ctx.Err() == nil) {
+		// Not run on the doorbell's connection, or failed there (the
+		// connection went with it): free o on a pool connection. The
+		// release is by token: when the statement did commit before it
+		// failed, this one frees nothing (and rings, which costs the
+		// waiters a check).
+		ran = false
+		if o.seq == headSlot {
+			res, err = t.st.exec(ctx, sQueueRelease, o.name, t.id, o.token)
+		} else {
+			res, err = t.st.exec(ctx, sTicketRelease, o.name, t.id, o.token, o.seq+markerBase)
+		}
 	}
 	if err != nil {
 		return false, err
 	}
 	n, err := res.RowsAffected()
+	if ran {
+		// It rang in the statement when a waiter waited.
+		return err == nil && n > 0, err
+	}
 	if err == nil && n == 0 && o.seq == headSlot {
 		// The slot was not this acquisition's, or the name's row is gone
 		// (an operator deleted it with the hold in it): waiters blocked on
@@ -375,6 +419,60 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 		t.bell.ring()
 	}
 	return true, nil
+}
+
+// freeRinging frees the ticket or head slot o (not an enqueue of unknown
+// outcome) as freeTicket does, but on the doorbell's connection, ringing
+// in the same statement when a waiter waits (qQueueReleaseRing,
+// qTicketReleaseRing), as lockRows.freeRinging does for a Mutex: the woken
+// waiter's check is then on its way while the release commits (it waits
+// for that commit, see qTicketTakeWoken), a statement sooner than a ring
+// after the release. ran is false when the statement had no effect and
+// the caller must free o on a pool connection: as for the Mutex (the
+// session ending, ctx ended, the doorbell not taken or its connection in
+// use), and also when the ticket or slot was not this acquisition's (the
+// plain release then decides, and rings, as before). When the statement
+// failed, ran is true with its error, and the connection (with its
+// doorbell, which wakes the waiters) is dropped for a new one.
+func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.Result, err error) {
+	stmt := sTicketReleaseRing
+	if o.seq == headSlot {
+		stmt = sQueueReleaseRing
+	}
+	ran = t.bell.ringIn(ctx, stmt, func(ctx context.Context, st *sql.Stmt, next, cur string) ringResult {
+		res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
+			if o.seq == headSlot {
+				return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
+			}
+			return st.ExecContext(ctx, o.name, t.id, o.token, o.seq+markerBase, t.id, next, next, cur)
+		}, 0)
+		switch {
+		case errors.Is(err, driver.ErrBadConn):
+			res, err = nil, nil
+			return ringBadConn // nothing was sent
+		case err != nil:
+			return ringBroken // it failed, maybe after it rang
+		}
+		n, _ := res.RowsAffected()
+		switch {
+		case n == 0:
+			// Not this acquisition's: the plain release decides.
+			res = nil
+			return ringNotRun
+		case o.seq != headSlot && n == 2:
+			return ringRang // the ticket and its marker
+		case o.seq != headSlot:
+			return ringNone
+		}
+		switch rang, _ := res.LastInsertId(); rang {
+		case 2:
+			return ringRang
+		case 1:
+			return ringBroken // rung without taking the next generation
+		}
+		return ringNone
+	})
+	return ran, res, err
 }
 
 // ticketAhead reads whom waiter w of name waits for (qTicketAhead): the
