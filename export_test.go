@@ -40,6 +40,10 @@ func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
 // other sessions' doorbells are in use: none once no Lock of s waits.
 func BellWaitConnsInUse(s *Session) int { return s.current().waiters.conns.InUse() }
 
+// PoolOpen returns how many connections s's shared pool has open or is
+// opening (not its dedicated ones: a lease's, a doorbell's).
+func PoolOpen(s *Session) int { return s.current().store.pool.Open() }
+
 // SchemaVersion is the version of the tables this code reads and writes.
 const SchemaVersion = schemaVersion
 

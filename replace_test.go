@@ -560,6 +560,14 @@ func TestLostSessionEndsBellConnOpen(t *testing.T) {
 	if err := warm.Unlock(bg); err != nil {
 		t.Fatalf("Unlock of another name: got %v; want nil", err)
 	}
+	// A waiting connection adopts an idle one of the pool before it opens
+	// one (connpool.DedicatedSpare): let the pool close its idle ones
+	// (poolIdleFor), so that the waiter's is opened in the dark.
+	for deadline := time.Now().Add(5 * time.Second); dsync.PoolOpen(ws) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("session's pool: %d connections open 5s after its last statement; want its idle ones closed", dsync.PoolOpen(ws))
+		}
+	}
 	to := connectorOf(t, darkDSN)
 	conns.to.Store(&to)
 
