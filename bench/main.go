@@ -71,7 +71,7 @@ func parseFlags() params {
 	flag.DurationVar(&p.namesAge, "age", 30*time.Second, "free-row age (dsync.WithFreeRowAge) of the distinct-names scenario (quick: 5s unless set)")
 	flag.StringVar(&p.command, "command", "", "the command line to print in the report (default: this program's)")
 	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (uncontended,contention,handoff,idle,many,names); for development: the report then lacks the others")
-	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,mutex-cap32,fair,fair-cap8,fair-cap32,rw-writer,rw-reader,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
+	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,mutex-cap32,fair,fair-cap8,fair-cap32,rw-writer,rw-writer-cap8,rw-reader,rw-reader-cap8,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -214,7 +214,10 @@ func run() error {
 					logf("  handoff     %-16s p50 %.3f ms  p99 %.3f ms", sys.key, ms(p50), ms(p99))
 				}
 			}
-			for _, sys := range res.exclusive() {
+			for _, sys := range res.systems {
+				if !sys.exclusive && !sys.readers {
+					continue
+				}
 				p50, p99, err := handoff(ctx, sys, fmt.Sprintf("hand-%s-%d", sys.key, runNo), p.handSamples)
 				if err != nil {
 					fail("handoff %s: %v", sys.key, err)
@@ -229,7 +232,7 @@ func run() error {
 		}
 		if p.wants("idle") {
 			for _, sys := range res.systems {
-				if !sys.exclusive && sys.key != "rw-reader" {
+				if !sys.exclusive && !sys.readers {
 					continue
 				}
 				r, err := idle(ctx, sys, fmt.Sprintf("idle-%s-%d", sys.key, runNo), p.idleWaiters, p.idleDur)

@@ -141,10 +141,19 @@ func (r *report) targets() []target {
 			target{k.name + ", 4 sessions: ≥ 50 % of acquisitions change sessions", "con.share", k.key, false, 50, pctNum, " %"},
 		)
 	}
-	for _, k := range []struct{ key, name string }{{"fair-cap8", "FairMutex, SetMaxOpenConns(8)"}, {"fair-cap32", "FairMutex, SetMaxOpenConns(32)"}} {
+	for _, k := range []struct{ key, name string }{
+		{"fair-cap8", "FairMutex, SetMaxOpenConns(8)"}, {"fair-cap32", "FairMutex, SetMaxOpenConns(32)"},
+		{"rw-writer-cap8", "RWMutex writer, SetMaxOpenConns(8)"}, {"rw-reader-cap8", "RWMutex reader, SetMaxOpenConns(8)"},
+	} {
 		t = append(t, target{k.name + ": idle waiter ≤ 1 statement/s", "idle.per", k.key, true, 1, num, "/s"})
 	}
 	t = append(t, target{"Mutex handoff p50 ≤ 1.2× the handoff floor", "hand.vsfloor", "mutex", true, 1.2, ratioNum, "×"})
+	// Issue 19 §3: the queued locks' handoffs at the floor.
+	t = append(t,
+		target{"FairMutex handoff p50 ≤ 1.3× the handoff floor", "hand.vsfloor", "fair", true, 1.3, ratioNum, "×"},
+		target{"RWMutex writer → writer handoff p50 ≤ 1.3× the handoff floor", "hand.vsfloor", "rw-writer", true, 1.3, ratioNum, "×"},
+		target{"RWMutex writer → reader handoff p50 ≤ 1.3× the handoff floor", "hand.vsfloor", "rw-reader", true, 1.3, ratioNum, "×"},
+	)
 	return t
 }
 
@@ -238,9 +247,9 @@ func (r *report) markdown() []byte {
 	w("## What is measured\n\n")
 	w("Each scenario opens its own sessions (a *session* is what one process has: a dsync `Session` on a `*sql.DB` of its own; a MariaDB connection; a go-redis client with a redsync instance; an etcd client with a `concurrency.Session`) and uses lock names of its own.\n\n")
 	w("- **floor**: a prepared autocommit `INSERT` and `DELETE` of one row on a plain InnoDB table of the same MariaDB, on one connection: the least a durable row lock can cost. Its p50 per pair is the unit of every ratio (\"× floor\"), from the same run; its pairs per second, one after another, is the floor's serial rate.\n")
-	w("- **uncontended**: one session, `Lock`+`Unlock` of one name in a loop: %s pairs timed after %d warm-up pairs; p50 and p99 per pair. `GET_LOCK(name, 600)` and `RELEASE_LOCK(name)` are prepared statements on one connection. redsync runs with default options (8 s expiry, 32 tries 50–250 ms apart) and with `WithRetryDelay(1ms)`; a `Lock` that returns `ErrFailed` after its tries is called again, as a caller who must have the lock would.\n", groupThousands(int64(p.uncIters)), max(p.uncIters/20, 10))
+	w("- **uncontended**: one session, `Lock`+`Unlock` of one name in a loop: %s pairs timed after %d warm-up pairs; p50 and p99 per pair. `GET_LOCK(name, 600)` and `RELEASE_LOCK(name)` are prepared statements on one connection. redsync runs with default options (8 s expiry, 32 tries 50–250 ms apart) and with `WithRetryDelay(1ms)`; a `Lock` that returns `ErrFailed` after its tries is called again, as a caller who must have the lock would. For every lock system a second session has first waited for the name once (blocked in `Lock` while the first held it) and stays open: what a past wait leaves behind must not cost the uncontended path.\n", groupThousands(int64(p.uncIters)), max(p.uncIters/20, 10))
 	w("- **contention**: %d sessions, each a goroutine looping `Lock`, check, `Unlock` on one name for %v. The check: an atomic count of holders must be 1 inside the critical section, and a plain counter incremented there must equal the acquisitions at the end; anything else is a violation, which fails the program. Acquisitions/s; handoffs/s (acquisitions whose previous holder was another session) and their share; the longest time one `Lock` took; \"vs floor\" is acquisitions/s over the floor's serial rate.\n", p.conSessions, p.conDur)
-	w("- **handoff latency**: session A holds the lock, session B is blocked in `Lock`; after a hold of 5–15 ms A notes t0 and calls `Unlock`, B notes t1 when its `Lock` returns; t1 − t0, %d times per run (the two sessions take turns); p50 and p99. The *handoff floor* is what the two commits of a handoff of a durable row lock cost, with no wake-up at all: after the same holds, the floor's `DELETE` on one connection and then at once its `INSERT` on another, timed together (two commits in series, each on a connection that sat idle through the hold, as a release and the waiter's acquisition are); \"× handoff floor\" is a system's p50 over it, from the same run.\n", p.handSamples)
+	w("- **handoff latency**: session A holds the lock, session B is blocked in `Lock`; after a hold of 5–15 ms A notes t0 and calls `Unlock`, B notes t1 when its `Lock` returns; t1 − t0, %d times per run (the two sessions take turns; for `RWMutex` reader A is a writer and B a reader, writer → reader, and A locks again after B lets go); p50 and p99. The *handoff floor* is what the two commits of a handoff of a durable row lock cost, with no wake-up at all: after the same holds, the floor's `DELETE` on one connection and then at once its `INSERT` on another, timed together (two commits in series, each on a connection that sat idle through the hold, as a release and the waiter's acquisition are); \"× handoff floor\" is a system's p50 over it, from the same run.\n", p.handSamples)
 	w("- **idle waiters**: %d+1 sessions; first none of them does anything for %v (baseline: keep-alives and the like), then one holds the lock and %d wait in `Lock` (counted from 0.5 s after they started, for %v; a multiple of dsync's 2 s renewal period, so that both windows hold as many renewals). Per waiter: (statements/s while waiting − baseline statements/s) / %d; a renewal more or less in one window moves it by about 0.02/s, and can make it negative. Counted on the server: MariaDB's global `Questions` (`SHOW GLOBAL STATUS`), redis' `total_commands_processed` (`INFO stats`), minus the counting query itself; for etcd, the unary gRPC calls the benchmark's clients sent (lease keep-alives and watches are streams and not counted; a waiting `concurrency.Mutex` watches its predecessor's key and sends nothing). For `RWMutex` reader the holder is a writer and the waiters are readers.\n", p.idleWaiters, p.idleDur, p.idleWaiters, p.idleDur, p.idleWaiters)
 	w("- **many locks**: one session acquires %s `Mutex` names one after another (time taken), then holds them for %v while the server's statements are counted (as above): the keep-alive cost of holding many locks. `GET_LOCK` on one connection for comparison.\n", groupThousands(int64(p.manyLocks)), p.manyHold)
 	w("- **distinct names**: %d goroutines over %d sessions lock and unlock %s distinct `Mutex` names once each, recording each fence (once per `make bench-peers`: it takes minutes). With `dsync.WithFreeRowAge(age)` the lock table's rows are counted (`SELECT COUNT(*)`, every 2 s during the pass and every second after it; the peak is the largest count seen) until they are back to ≤ 1 %% of the peak; data+index size from `information_schema.TABLES` after `ANALYZE TABLE`. Then one name in %s is locked again: its new fence must exceed the recorded one (a repeat fails the program).\n\n", p.namesSessions*p.namesPer, p.namesSessions, groupThousands(int64(p.names)), groupThousands(int64(max(1, p.names/2000))))
@@ -291,6 +300,9 @@ func (r *report) markdown() []byte {
 			name := s.name
 			if s.key == "floor" {
 				name = "handoff floor: the floor's `DELETE` on one connection, then its `INSERT` on another"
+			}
+			if s.readers {
+				name += ", from a writer (writer → reader)"
 			}
 			w("| %s | %s | %s | %s | %s |\n", name, r.res.get("hand.p50", s.key).format(num, " ms"),
 				r.res.get("hand.p99", s.key).format(num, " ms"), r.res.get("hand.ratio", s.key).format(ratioNum, "×"),

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/dsynclock/dsync"
 )
 
 // lockTimeout bounds every single Lock of the scenarios, so that a stuck
@@ -23,9 +21,15 @@ type uncontendedResult struct {
 }
 
 // uncontended times iters Lock+Unlock pairs of one name in one session,
-// after a warm-up.
+// after a warm-up. For a lock system another session has first waited for
+// the name once and stays open (issue 19 §5: what a past wait leaves
+// behind, a want or a doorbell, must not cost the uncontended path).
 func uncontended(ctx context.Context, sys *system, name string, iters int) (uncontendedResult, error) {
-	ss, err := openSessions(ctx, sys, 1)
+	n := 1
+	if sys.exclusive {
+		n = 2
+	}
+	ss, err := openSessions(ctx, sys, n)
 	if err != nil {
 		return uncontendedResult{}, err
 	}
@@ -36,6 +40,11 @@ func uncontended(ctx context.Context, sys *system, name string, iters int) (unco
 			return err
 		}
 		return l.Unlock(ctx)
+	}
+	if n == 2 {
+		if err := waitedOnce(ctx, l, ss[1].lock(name)); err != nil {
+			return uncontendedResult{}, err
+		}
 	}
 	for range max(iters/20, 10) { // warm the connections, rows and statements
 		if err := pair(); err != nil {
@@ -144,6 +153,26 @@ func contention(ctx context.Context, sys *system, name string, sessions int, d t
 	return r, errors.Join(errList...)
 }
 
+// waitedOnce has other wait for l once: l holds, other's Lock blocks until
+// l lets go, then other lets go.
+func waitedOnce(ctx context.Context, l, other locker) error {
+	if err := l.Lock(ctx); err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, lockTimeout)
+		defer cancel()
+		if err := other.Lock(lctx); err != nil {
+			errc <- err
+			return
+		}
+		errc <- other.Unlock(ctx)
+	}()
+	time.Sleep(50 * time.Millisecond) // other is waiting by then
+	return errors.Join(l.Unlock(ctx), <-errc)
+}
+
 // holdingPair opens two sessions of sys, the first holding name: the
 // start of both handoff scenarios. done closes the sessions.
 func holdingPair(ctx context.Context, sys *system, name string) (holder, waiter locker, done func(), err error) {
@@ -151,7 +180,7 @@ func holdingPair(ctx context.Context, sys *system, name string) (holder, waiter 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	holder, waiter = ss[0].lock(name), ss[1].lock(name)
+	holder, waiter = writerOf(ss[0], name), ss[1].lock(name)
 	if err := holder.Lock(ctx); err != nil {
 		closeSessions(ss)
 		return nil, nil, nil, err
@@ -161,7 +190,9 @@ func holdingPair(ctx context.Context, sys *system, name string) (holder, waiter 
 
 // handoff measures, samples times, the time from the holder's Unlock call
 // to the return of the Lock of a waiter of another session that was
-// already blocked; the two sessions take turns.
+// already blocked; the two sessions take turns. For a readers system the
+// holder is always the writer and the waiter a reader (writer → reader):
+// the reader lets go and the writer locks again between samples.
 func handoff(ctx context.Context, sys *system, name string, samples int) (p50, p99 time.Duration, err error) {
 	holder, waiter, done, err := holdingPair(ctx, sys, name)
 	if err != nil {
@@ -193,6 +224,15 @@ func handoff(ctx context.Context, sys *system, name string, samples int) (p50, p
 			return 0, 0, g.err
 		}
 		d = append(d, g.at.Sub(t0))
+		if sys.readers {
+			if err := waiter.Unlock(ctx); err != nil {
+				return 0, 0, err
+			}
+			if err := holder.Lock(ctx); err != nil {
+				return 0, 0, err
+			}
+			continue
+		}
 		holder, waiter = waiter, holder
 	}
 	if err := holder.Unlock(ctx); err != nil {
@@ -269,10 +309,7 @@ func idle(ctx context.Context, sys *system, name string, waiters int, d time.Dur
 	if r.baseline, err = count(d); err != nil {
 		return r, err
 	}
-	holder := ss[0].lock(name)
-	if ds, ok := ss[0].(*dsyncSession); ok && ds.kind == "rw-reader" {
-		holder = dsync.NewRWMutex(ds.s, name) // readers wait for a writer
-	}
+	holder := writerOf(ss[0], name) // readers wait for a writer
 	if err := holder.Lock(ctx); err != nil {
 		return r, err
 	}

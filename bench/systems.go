@@ -26,6 +26,9 @@ type system struct {
 	name      string // what it is, for the report
 	server    string // "mariadb", "redis", "redis-aof" or "etcd"
 	exclusive bool   // mutual exclusion: takes part in contention and handoff
+	// readers: a shared (reader) lock; its idle and handoff scenarios wait
+	// for a writer of the same name (writerOf).
+	readers bool
 	// newSession opens one client session: what one process would have.
 	newSession func(ctx context.Context) (session, error)
 	// statements returns the server's count of statements (commands, RPCs)
@@ -111,9 +114,11 @@ func (e *env) systems() []*system {
 		{"fair-cap8", "fair", "dsync `FairMutex`, `SetMaxOpenConns(8)`", true, 8},
 		{"fair-cap32", "fair", "dsync `FairMutex`, `SetMaxOpenConns(32)`", true, 32},
 		{"rw-writer", "rw-writer", "dsync `RWMutex` writer (`Lock`)", true, 0},
+		{"rw-writer-cap8", "rw-writer", "dsync `RWMutex` writer (`Lock`), `SetMaxOpenConns(8)`", true, 8},
 		{"rw-reader", "rw-reader", "dsync `RWMutex` reader (`RLock`)", false, 0},
+		{"rw-reader-cap8", "rw-reader", "dsync `RWMutex` reader (`RLock`), `SetMaxOpenConns(8)`", false, 8},
 	} {
-		list = append(list, &system{key: k.key, name: k.name, server: "mariadb", exclusive: k.exclusive,
+		list = append(list, &system{key: k.key, name: k.name, server: "mariadb", exclusive: k.exclusive, readers: k.kind == "rw-reader",
 			newSession: func(ctx context.Context) (session, error) {
 				return newDsyncSessionCapped(ctx, dsn, e.prefix, k.kind, k.maxOpen)
 			}})
@@ -427,6 +432,15 @@ func openSessions(ctx context.Context, sys *system, n int) ([]session, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// writerOf returns the lock that excludes s's lock(name): for a readers
+// system the RWMutex's writer side, else lock(name) itself.
+func writerOf(s session, name string) locker {
+	if ds, ok := s.(*dsyncSession); ok && ds.kind == "rw-reader" {
+		return dsync.NewRWMutex(ds.s, name)
+	}
+	return s.lock(name)
 }
 
 func closeSessions(ss []session) {
