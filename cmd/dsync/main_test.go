@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -26,6 +27,13 @@ import (
 var binary string // path of the dsync binary built by TestMain
 
 func TestMain(m *testing.M) {
+	// Run under nohup, the tests inherit SIGHUP ignored, and so would
+	// every dsync they start: dsync rightly relays no signal its parent
+	// ignores, and TestSignalForwarded's SIGHUP would hang. A signal this
+	// process catches starts at its default in the processes it execs.
+	if signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
 	dir, err := os.MkdirTemp("", "dsync-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -146,8 +154,18 @@ func (p *proc) wait(t *testing.T) result {
 		}
 		return r
 	case <-time.After(limit):
-		p.cmd.Process.Kill()
-		t.Fatalf("dsync %q still running after %v", p.cmd.Args[1:], limit)
+		// SIGQUIT: the Go runtime writes every goroutine's stack to
+		// stderr and exits, which says where dsync hung.
+		p.cmd.Process.Signal(syscall.SIGQUIT)
+		var stacks string
+		select {
+		case r := <-p.done:
+			p.done <- r // for the cleanup
+			stacks = r.stderr
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+		}
+		t.Fatalf("dsync %q still running after %v; its stderr after SIGQUIT:\n%s", p.cmd.Args[1:], limit, stacks)
 		return result{}
 	}
 }
