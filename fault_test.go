@@ -375,6 +375,7 @@ func leaseExpiry(t *testing.T, db *sql.DB, id int64) (string, time.Duration) {
 // lost.
 func TestLatencyFromSessionStart(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // waits on latency: beside the other such tests, after the statement-counting ones
 	const ttl = 3 * time.Second
 	const latency = ttl / 6
 	p, dsn := dbtest.FaultProxy(t)
@@ -1005,6 +1006,7 @@ func TestCallsEndWithTheirSession(t *testing.T) {
 // and the renewal waited behind a poll: lost at 0.8 TTL).
 func TestRenewalsOnSlowSharedPools(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // waits on latency: beside the other such tests, after the statement-counting ones
 	for _, tc := range []struct{ maxOpen, sessions int }{{4, 1}} {
 		t.Run(fmt.Sprintf("max %d, %d sessions", tc.maxOpen, tc.sessions), func(t *testing.T) {
 			const ttl = 3 * time.Second

@@ -29,6 +29,7 @@ import (
 // the connection the sessions shared for renewals.
 func TestSlowLinkLockRightAfterNewSession(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // waits on latency: beside the other such tests, after the statement-counting ones
 	const ttl = 3 * time.Second
 	const latency = 500 * time.Millisecond
 	p, dsn := dbtest.FaultProxy(t)
