@@ -498,6 +498,7 @@ type bellState struct {
 	nobodyFence int64            // the lock's fence then
 	nobodyPaced bool             // and it has paced itself since, with that fence
 	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
+	paced       bool             // it paced itself (nextPace) since its last block or progress (see moved)
 	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
 	unarmed     int              // times the one waited for was found without a doorbell (see unarmedPolls)
 	busy        bool             // the next paced poll comes after connPace, once: no connection to block on (see bellWaiter.wait)
@@ -540,6 +541,7 @@ const (
 // once when it had no connection to block on (see bellWaiter.wait), else
 // paceFloor, then twice the last, up to paceCap.
 func (st *bellState) nextPace() time.Duration {
+	st.paced = true
 	if st.soon {
 		st.soon = false
 		return claimPoll
@@ -550,6 +552,14 @@ func (st *bellState) nextPace() time.Duration {
 	}
 	st.pace = min(max(2*st.pace, paceFloor), paceCap)
 	return st.pace
+}
+
+// moved records a waiter's progress: a block on a doorbell ended (rung,
+// or timed out), or it found nobody after somebody. Its next pace starts
+// from paceFloor again, and its next doorbell step says again that it
+// waits (an acquisition since may have voided its want and its claim).
+func (st *bellState) moved() {
+	st.pace, st.paced = 0, false
 }
 
 // judge decides, from a waiter's read of whom it waits for (found false:
@@ -580,7 +590,7 @@ func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, 
 			return ref, false, waitPace
 		}
 		if !st.nobody {
-			st.pace = 0
+			st.moved()
 		}
 		st.nobody, st.nobodyFence, st.nobodyPaced = true, fence, false
 		return ref, false, waitTry
@@ -647,11 +657,13 @@ type bellBlock struct {
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
 }
 
-// connPace is how often a waiter that has no connection to block on (its
-// session's blocks on another doorbell, or none can be had) tries the lock
-// again: each try and read of the doorbell are two statements, so with the
-// claim renewed once a second it sends at most 20 a second, and a claimant
-// among them takes a lock that fell free within connPace.
+// connPace is how often, at most, a waiter that has no connection to
+// block on (its session's blocks on another doorbell, or none can be had)
+// tries the lock again: each try and read of the doorbell are two
+// statements (its want is said again once a second), and the polling
+// budget (pollRate) holds it to about one poll every 2/pollRate once its
+// burst is spent; a claimant among them takes a lock that fell free
+// within that.
 const connPace = 110 * time.Millisecond
 
 // newBellWaiter returns a waiter side that opens its connection from p;
@@ -790,7 +802,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		defer t.Stop()
 		select {
 		case <-t.C:
-			st.pace = 0
+			st.moved()
 		case <-ctx.Done():
 		case <-done:
 		}
@@ -813,7 +825,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 	select {
 	case <-b.done:
 	case <-own:
-		st.pace = 0
+		st.moved()
 		return waitTry
 	case <-ctx.Done():
 		return waitTry // the caller returns ctx's error
@@ -824,7 +836,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		st.busy = true
 		return waitPace
 	}
-	st.pace = 0
+	st.moved()
 	if b.rung {
 		st.wokeFrom(ref)
 		st.woken = true
