@@ -367,7 +367,8 @@ const (
 
 // ringIn lends the doorbell's connection to a statement that may ring the
 // doorbell in itself (freeRinging): it prepares stmt there and calls run
-// with it, a ctx that also ends with the session, and the GET_LOCK names
+// with it, a ctx that ends with the session or after lentFor, not with
+// ctx (see runDetached), and the GET_LOCK names
 // of the next generation and the current one. It reports whether the
 // statement ran (see ringResult); false when it was not sent: the session
 // is ending or closing; ctx has ended; the doorbell is not taken, or its
@@ -393,13 +394,10 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 		b.lose()
 		return false
 	}
-	sctx := b.stopped
-	if ctx.Done() != nil {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(b.stopped, cancel)()
-	}
+	// Detached from ctx (see runDetached): a caller's deadline that falls
+	// mid-statement would drop the doorbell.
+	sctx, cancel := detach(ctx, b.stopped, lentFor)
+	defer cancel()
 	st, err := b.c.Stmt(sctx, b.store.pool, int(stmt))
 	if err != nil {
 		if !connpool.Reusable(err) {
@@ -440,12 +438,16 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 // connection of the pool's for its statements while it has a doorbell
 // (at rest: its lease connection and its doorbell's; see
 // docs/OPERATIONS.md, Connections), and an uncontended Lock and its
-// Unlock run on the same connection. A use that did not end cleanly (ctx
-// ended, or an error that did not come from the server) drops the
+// Unlock run on the same connection. f runs under a ctx detached from
+// ctx (see runDetached), so that a caller's deadline that falls
+// mid-statement does not drop the doorbell; a use that did not end
+// cleanly (an error that did not come from the server, or a statement
+// cut short after lentFor, or by the session's end) drops the
 // connection, and with it the doorbell: its waiters wake, find nothing
 // changed, and block on the next generation (see judge). A statement
 // that waits for a row lock (a release behind a LockTx transaction)
-// holds up the session's rings meanwhile: they are sent when it ends.
+// holds up the session's rings meanwhile, lentFor at most: they are sent
+// when it ends.
 func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
 	if !b.armed.Load() || ctx.Err() != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
 		return false, nil
@@ -458,8 +460,8 @@ func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.C
 		b.lose()
 		return false, nil
 	}
-	err := f(ctx, b.c)
-	if ctx.Err() != nil || !connpool.Reusable(err) {
+	err, clean := runDetached(ctx, b.stopped, lentFor, func(ctx context.Context) error { return f(ctx, b.c) })
+	if !clean {
 		b.lose() // the driver may have closed it, or the statement may still run
 	}
 	if b.c == nil || b.published != b.gen || b.asked.Load() {

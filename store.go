@@ -115,10 +115,16 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil && !priority && isErrNo(err, errTooManyConnections) {
 		// The server refuses connections (1040): a lock statement runs on
-		// the session's lease connection, so that sessions whose
-		// connections the server cannot open still make progress (a
-		// renewal may then wait for such statements).
-		if ran, err := s.leaseConn.useOpen(ctx, f); ran {
+		// the session's lease connection when it is free, so that
+		// sessions whose connections the server cannot open still make
+		// progress (a renewal waits for one such statement at most; see
+		// useOpen). Close's own statements (see closingCtx) are bound by
+		// Close's ctx, the others by the session.
+		stop := s.stopped
+		if ctx.Value(closingKey{}) != nil {
+			stop = ctx
+		}
+		if ran, err := s.leaseConn.useOpen(ctx, stop, f); ran {
 			return err
 		}
 	}
@@ -132,6 +138,47 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 		s.pool.Put(c, err)
 	}
 	return err
+}
+
+// lentFor bounds a lock statement lent a connection that must outlive its
+// caller's ctx (see runDetached): the session's doorbell connection.
+// It is longer than any statement that does not wait for a transaction
+// (a statement that does gives up after innodb_lock_wait_timeout, 5s):
+// only a statement that met a row lock and is retried is cut short, and
+// its connection dropped.
+const lentFor = 6 * time.Second
+
+// runDetached runs f, a lock statement on a connection lent to it that
+// must outlive the caller (the session's doorbell connection, or its lease
+// connection: a ctx that ends mid-statement makes the driver close the
+// connection), under a ctx that does not end with ctx but when stop does,
+// or after most. So a caller's deadline that falls mid-statement neither
+// drops the doorbell (its waiters would wake for nothing, and on a
+// *sql.DB with a connection limit its slot could go to another) nor
+// closes the lease connection (which the next renewal would have to open
+// again, on a server that may refuse connections). The caller waits for
+// the statement, which is short (most bounds the rest), and gets ctx's
+// error when ctx ended meanwhile, and handles it as after a statement
+// cut short (an acquisition is undone, a release retried in the
+// background); clean reports whether the connection may be used again:
+// f's error did not break it, and most did not cut f short.
+func runDetached(ctx, stop context.Context, most time.Duration, f func(context.Context) error) (err error, clean bool) {
+	dctx, cancel := detach(ctx, stop, most)
+	defer cancel()
+	err = f(dctx)
+	clean = dctx.Err() == nil && connpool.Reusable(err)
+	if cerr := ctx.Err(); cerr != nil {
+		err = cerr
+	}
+	return err, clean
+}
+
+// detach returns a ctx with ctx's values that ends when stop does, or
+// after most, but not with ctx (see runDetached), and its cancel.
+func detach(ctx, stop context.Context, most time.Duration) (context.Context, context.CancelFunc) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), most)
+	unhook := context.AfterFunc(stop, cancel)
+	return dctx, func() { unhook(); cancel() }
 }
 
 // maxRetries bounds the immediate retries of a statement that a deadlock
