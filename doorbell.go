@@ -540,9 +540,12 @@ const (
 // nextPace returns how long a waiter waits before its next paced try:
 // claimPoll once when it asked to poll soon (a holder without a doorbell
 // yet, or the first time nobody was found again; see judge), connPace
-// once when it had no connection to block on (see bellWaiter.wait), else
-// paceFloor, then twice the last, up to paceCap.
-func (st *bellState) nextPace() time.Duration {
+// once when it had no connection to block on (see bellWaiter.wait), or
+// longer, as the polling budget polls says, else paceFloor, then twice
+// the last, up to paceCap. Only the polls at connPace, which go on for as
+// long as the lock stays held, need the budget: the others are a few, or
+// slow down by themselves.
+func (st *bellState) nextPace(polls *pollBudget) time.Duration {
 	st.paced = true
 	if st.soon {
 		st.soon = false
@@ -550,7 +553,7 @@ func (st *bellState) nextPace() time.Duration {
 	}
 	if st.busy {
 		st.busy = false
-		return connPace
+		return polls.delay(connPace)
 	}
 	st.pace = min(max(2*st.pace, paceFloor), paceCap)
 	return st.pace

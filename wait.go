@@ -68,8 +68,9 @@ func (w *waitState) spend(n int) {
 
 // The polling budget: a waiter that polls (no doorbell to wait on: a
 // Galera cluster, a *sql.DB with a connection limit below bellsMinLimit,
-// a server that refuses GET_LOCK), or paces itself (a doorbell waiter
-// with nothing to block on: the holder has no doorbell, or the session's
+// a server that refuses GET_LOCK), or polls at connPace (a doorbell
+// waiter with nothing to block on for as long as the lock stays held: a
+// claimant whose holder has no doorbell, or a waiter whose session's
 // waiting connection blocks for another name; see nextPace), sends its
 // polls from a bucket that holds pollBurst and fills at pollRate a
 // second, whatever the back-off policy or the pace says. So in any
@@ -197,8 +198,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			w.prompted = true
 			continue
 		case out == waitPace:
-			// Paced, within the budget too.
-			d = w.polls.delay(w.bells.nextPace())
+			d = w.bells.nextPace(&w.polls)
 		default:
 			// Polling: as the policy says, within the budget.
 			if err == nil && p.poll != nil {
