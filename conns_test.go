@@ -226,18 +226,48 @@ func TestLeaseConnLentAtMaxConnections(t *testing.T) {
 			t.Fatalf("the session's pool keeps %d idle connections after 5s", dsync.PoolOpen(s))
 		}
 	}
-	// Take every connection the server has left.
+	// Take every connection the server has left, and, as other processes
+	// would, each one that a session lets go.
 	filler := dbtest.OpenDSN(t, srv.DSN("lent"))
-	for {
-		c, err := filler.Conn(ctx)
-		if err != nil {
-			if !strings.Contains(err.Error(), "1040") {
-				t.Fatalf("filling the server: got %v; want 1040 at last", err)
+	var conns []*sql.Conn
+	fill := func() error {
+		for {
+			c, err := filler.Conn(ctx)
+			if err != nil {
+				if !strings.Contains(err.Error(), "1040") {
+					return fmt.Errorf("filling the server: got %v; want 1040 at last", err)
+				}
+				return nil
 			}
-			break
+			conns = append(conns, c)
 		}
-		t.Cleanup(func() { c.Close() })
 	}
+	if err := fill(); err != nil {
+		t.Fatal(err)
+	}
+	stopFill, filled := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			select {
+			case <-stopFill:
+				filled <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			err = fill()
+		}
+		filled <- err
+	}()
+	defer func() {
+		close(stopFill)
+		if err := <-filled; err != nil {
+			t.Error(err)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 	before := s.Stats().RenewalFailures
 	end := time.Now().Add(3 * time.Second)
 	done := make(chan struct{})

@@ -240,12 +240,11 @@ func (l *lease) renew(ctx context.Context) (sent time.Time, err error) {
 // the shared pool keeps for renewals instead, so that they do not take a
 // connection each of the caller's share.
 type leaseConn struct {
-	mu sync.Mutex     // held for a use: by start, the keep-alive goroutine, Close, or a lock statement (useOpen)
-	c  *connpool.Conn // guarded by mu; nil: opened at the next use
-	// leaseUses counts the lease statements waiting for mu or running:
-	// while one does, lock statements do not take the connection (see
-	// useOpen).
-	leaseUses atomic.Int32
+	mu         sync.Mutex     // guards busy and leaseWaits
+	free       sync.Cond      // on mu: busy went false
+	busy       bool           // guarded by mu; c is in use: by start, the keep-alive goroutine, Close, or a lock statement (useOpen)
+	leaseWaits int            // guarded by mu; lease statements waiting for c: lock statements wait behind them (see useOpen)
+	c          *connpool.Conn // used only by the one who set busy; nil: opened at the next use
 	// lendFor is the longest a lock statement may keep the connection
 	// (see useOpen); set by the session before its first statement.
 	lendFor time.Duration
@@ -260,16 +259,40 @@ func ownLeaseConn(db *sql.DB) *leaseConn {
 	if db.Stats().MaxOpenConnections != 0 {
 		return nil
 	}
-	return &leaseConn{}
+	l := &leaseConn{}
+	l.free.L = &l.mu
+	return l
+}
+
+// acquire waits until the connection is free, and takes it: a lease
+// statement (lease) before any lock statement waiting, so that a renewal
+// waits for one lock statement at most.
+func (l *leaseConn) acquire(lease bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lease {
+		l.leaseWaits++
+		defer func() { l.leaseWaits-- }()
+	}
+	for l.busy || !lease && l.leaseWaits > 0 {
+		l.free.Wait()
+	}
+	l.busy = true
+}
+
+// release gives the connection back.
+func (l *leaseConn) release() {
+	l.mu.Lock()
+	l.busy = false
+	l.mu.Unlock()
+	l.free.Broadcast()
 }
 
 // use runs f on the connection, opened (and set up as p's are) when there
 // is none, and closes it when f's use did not end cleanly.
 func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Context, *connpool.Conn) error) error {
-	l.leaseUses.Add(1)
-	defer l.leaseUses.Add(-1)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.acquire(true)
+	defer l.release()
 	if l.c == nil {
 		c, err := p.Dedicated(ctx)
 		if err != nil {
@@ -285,20 +308,20 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 	return err
 }
 
-// useOpen runs f, a lock statement, on the connection when it is open,
-// free, and no lease statement waits for it, and reports whether it ran
-// f; l may be nil. It opens no connection and waits for none, so a
-// renewal waits for one lock statement at most, which runs under a ctx
-// detached from ctx, ended by stop or after lendFor (see runDetached): a
-// caller's ctx that ends mid-statement does not close the connection,
-// which the next renewal would have to open again, on a server that
-// refuses connections.
+// useOpen runs f, a lock statement, on the connection when it is open
+// (it opens none), after the lease statements waiting for it, and
+// reports whether it ran f; l may be nil. f runs under a ctx detached
+// from ctx (see runDetached), ended by stop, or lendFor after it started
+// or shortly after ctx ended: a caller's ctx that ends mid-statement does
+// not close the connection, which the next renewal would have to open
+// again, on a server that refuses connections.
 func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
-	if l == nil || l.leaseUses.Load() > 0 || !l.mu.TryLock() {
+	if l == nil {
 		return false, nil
 	}
-	defer l.mu.Unlock()
-	if l.c == nil || l.leaseUses.Load() > 0 {
+	l.acquire(false)
+	defer l.release()
+	if l.c == nil {
 		return false, nil
 	}
 	l.lent.Add(1)
@@ -318,8 +341,8 @@ func (l *leaseConn) close() {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.acquire(true)
+	defer l.release()
 	if l.c != nil {
 		l.c.Close()
 		l.c = nil

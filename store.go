@@ -148,20 +148,26 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 // its connection dropped.
 const lentFor = 6 * time.Second
 
+// lateFor is how long such a statement may run on after its caller's ctx
+// ended: far longer than a statement takes that does not wait for a row
+// lock, and short enough that a call still returns promptly after its
+// ctx ended when the statement never answers (a network gone dark).
+const lateFor = 250 * time.Millisecond
+
 // runDetached runs f, a lock statement on a connection lent to it that
 // must outlive the caller (the session's doorbell connection, or its lease
 // connection: a ctx that ends mid-statement makes the driver close the
-// connection), under a ctx that does not end with ctx but when stop does,
-// or after most. So a caller's deadline that falls mid-statement neither
-// drops the doorbell (its waiters would wake for nothing, and on a
-// *sql.DB with a connection limit its slot could go to another) nor
-// closes the lease connection (which the next renewal would have to open
-// again, on a server that may refuse connections). The caller waits for
-// the statement, which is short (most bounds the rest), and gets ctx's
-// error when ctx ended meanwhile, and handles it as after a statement
-// cut short (an acquisition is undone, a release retried in the
-// background); clean reports whether the connection may be used again:
-// f's error did not break it, and most did not cut f short.
+// connection), under a ctx that does not end with ctx but lateFor after
+// it, or when stop does, or after most (see detach). So a caller's
+// deadline that falls mid-statement neither drops the doorbell (its
+// waiters would wake for nothing, and on a *sql.DB with a connection
+// limit its slot could go to another) nor closes the lease connection
+// (which the next renewal would have to open again, on a server that may
+// refuse connections). The caller gets ctx's error when ctx ended
+// meanwhile, and handles it as after a statement cut short (an
+// acquisition is undone, a release retried in the background); clean
+// reports whether the connection may be used again: f's error did not
+// break it, and it was not cut short.
 func runDetached(ctx, stop context.Context, most time.Duration, f func(context.Context) error) (err error, clean bool) {
 	dctx, cancel := detach(ctx, stop, most)
 	defer cancel()
@@ -173,12 +179,14 @@ func runDetached(ctx, stop context.Context, most time.Duration, f func(context.C
 	return err, clean
 }
 
-// detach returns a ctx with ctx's values that ends when stop does, or
-// after most, but not with ctx (see runDetached), and its cancel.
+// detach returns a ctx with ctx's values that ends when stop does, after
+// most, or lateFor after ctx ended (see runDetached), and its cancel.
 func detach(ctx, stop context.Context, most time.Duration) (context.Context, context.CancelFunc) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), most)
-	unhook := context.AfterFunc(stop, cancel)
-	return dctx, func() { unhook(); cancel() }
+	unhookStop := context.AfterFunc(stop, cancel)
+	// The timer is left to fire after cancel: it cancels dctx again.
+	unhookCtx := context.AfterFunc(ctx, func() { time.AfterFunc(lateFor, cancel) })
+	return dctx, func() { unhookStop(); unhookCtx(); cancel() }
 }
 
 // maxRetries bounds the immediate retries of a statement that a deadlock
