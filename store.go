@@ -172,7 +172,9 @@ func runDetached(ctx, stop context.Context, most time.Duration, f func(context.C
 	dctx, cancel := detach(ctx, stop, most)
 	defer cancel()
 	err = f(dctx)
-	clean = dctx.Err() == nil && connpool.Reusable(err)
+	// A statement that ended well leaves the connection fit, even when
+	// dctx ended just after it; a failure may come from dctx's end.
+	clean = err == nil || dctx.Err() == nil && connpool.Reusable(err)
 	if cerr := ctx.Err(); cerr != nil {
 		err = cerr
 	}
