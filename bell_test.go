@@ -606,3 +606,65 @@ func TestShortLeaseWaitKeepsNoConnection(t *testing.T) {
 		t.Fatalf("waiter Unlock: %v", err)
 	}
 }
+
+// TestStatementDeadlineKeepsDoorbell: a lock statement of a holder's
+// session that runs on its doorbell's connection, and whose caller's
+// deadline ends while it runs, leaves the doorbell alone: its connection
+// is not dropped (which woke every waiter of the session's locks for
+// nothing, and on a capped pool could cost the doorbell its slot). An
+// Unlock behind a transaction that holds the lock row, with a deadline
+// that ends during the release on the doorbell's connection: the release
+// that rings in its own statement (it waits a second for the row lock),
+// or, after that, the plain release lent the connection. It first checks
+// that the statement ran there when the deadline passed.
+func TestStatementDeadlineKeepsDoorbell(t *testing.T) {
+	for _, tc := range []struct {
+		what     string
+		deadline time.Duration
+		pattern  string
+	}{
+		{"ringing release", 300 * time.Millisecond, "%LAST_INSERT_ID(IF(wanted_until%"},
+		{"lent release", 1500 * time.Millisecond, "%LAST_INSERT_ID(wanted_until >%"},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			a := newSession(t)
+			m := dsync.NewMutex(a, lockName(t))
+			mustLock(t, m, ctx)
+			bell := awaitBellOf(t, db, a.ID())
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if _, err := tx.Exec("SELECT name FROM dsync_lock WHERE name = ? FOR UPDATE", m.Name()); err != nil {
+				t.Fatal(err)
+			}
+			uctx, cancel := context.WithTimeout(ctx, tc.deadline)
+			defer cancel()
+			got := make(chan error, 1)
+			go func() { got <- m.Unlock(uctx) }()
+			<-uctx.Done()
+			time.Sleep(50 * time.Millisecond)
+			var running int
+			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE ?", bell, tc.pattern).Scan(&running); err != nil {
+				t.Fatal(err)
+			}
+			if running == 0 {
+				t.Fatalf("the fault did not happen: no release on the doorbell's connection %d when the deadline passed", bell)
+			}
+			if err := tx.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got; !errors.Is(err, context.DeadlineExceeded) && err != nil {
+				t.Errorf("Unlock: got %v; want nil or an error wrapping context.DeadlineExceeded", err)
+			}
+			for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if after := doorbellConn(t, db, a); after != bell {
+					t.Fatalf("connection holding the doorbell: got %d after the Unlock, %d before; want the same", after, bell)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -191,5 +192,114 @@ func TestManySessionsAtMaxConnections(t *testing.T) {
 		if err := s.Err(); err != nil {
 			t.Errorf("session %d: Err %v; want nil", i, err)
 		}
+	}
+}
+
+// TestLeaseConnLentAtMaxConnections: on a server that refuses connections
+// (1040), a session's lock statements run on its lease connection, and
+// TryLock and Lock calls whose deadlines end while theirs run there leave
+// the lease connection open: no renewal fails (the lease connection was
+// closed with the statement, and the next renewal, which had to open
+// another, got 1040). It first checks that statements ran there and that
+// callers' deadlines ended mid-statement.
+func TestLeaseConnLentAtMaxConnections(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, admin := dedicatedServer(ctx, t, "--max-connections=20")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE lent"); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *dsync.Session {
+		t.Helper()
+		s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, srv.DSN("lent")), dsync.WithTTL(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	holder, s := open(), open()
+	name := lockName(t)
+	mustLock(t, dsync.NewMutex(holder, name), ctx)
+	for end := time.Now().Add(5 * time.Second); dsync.PoolOpen(s) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the session's pool keeps %d idle connections after 5s", dsync.PoolOpen(s))
+		}
+	}
+	// Take every connection the server has left, and, as other processes
+	// would, each one that a session lets go.
+	filler := dbtest.OpenDSN(t, srv.DSN("lent"))
+	var conns []*sql.Conn
+	fill := func() error {
+		for {
+			c, err := filler.Conn(ctx)
+			if err != nil {
+				if !strings.Contains(err.Error(), "1040") {
+					return fmt.Errorf("filling the server: got %v; want 1040 at last", err)
+				}
+				return nil
+			}
+			conns = append(conns, c)
+		}
+	}
+	if err := fill(); err != nil {
+		t.Fatal(err)
+	}
+	stopFill, filled := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var err error
+		for err == nil {
+			select {
+			case <-stopFill:
+				filled <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			err = fill()
+		}
+		filled <- err
+	}()
+	defer func() {
+		close(stopFill)
+		if err := <-filled; err != nil {
+			t.Error(err)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	before := s.Stats().RenewalFailures
+	end := time.Now().Add(3 * time.Second)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			m := dsync.NewMutex(s, name)
+			for i := 0; time.Now().Before(end); i++ {
+				// Deadlines of 0.1 to 2ms: many end while a statement runs.
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(100+(i*7+g*13)%1900)*time.Microsecond)
+				if g%2 == 0 {
+					m.TryLock(cctx)
+				} else {
+					m.Lock(cctx)
+				}
+				cancel()
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	lent, cut := dsync.LeaseConnLent(s)
+	t.Logf("lock statements on the lease connection: %d, %d of them with the caller's deadline ended meanwhile", lent, cut)
+	if lent == 0 || cut == 0 {
+		t.Fatalf("the fault did not happen: lock statements on the lease connection %d, cut by the caller %d; want both above 0", lent, cut)
+	}
+	time.Sleep(time.Second) // renewals after the last cut
+	if got := s.Stats().RenewalFailures - before; got != 0 {
+		t.Errorf("RenewalFailures: got %d; want 0", got)
+	}
+	if err := s.Err(); err != nil {
+		t.Errorf("session: Err %v; want nil", err)
 	}
 }

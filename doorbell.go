@@ -367,7 +367,8 @@ const (
 
 // ringIn lends the doorbell's connection to a statement that may ring the
 // doorbell in itself (freeRinging): it prepares stmt there and calls run
-// with it, a ctx that also ends with the session, and the GET_LOCK names
+// with it, a ctx that ends with the session or after lentFor, not with
+// ctx (see runDetached), and the GET_LOCK names
 // of the next generation and the current one. It reports whether the
 // statement ran (see ringResult); false when it was not sent: the session
 // is ending or closing; ctx has ended; the doorbell is not taken, or its
@@ -393,13 +394,10 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 		b.lose()
 		return false
 	}
-	sctx := b.stopped
-	if ctx.Done() != nil {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(b.stopped, cancel)()
-	}
+	// Detached from ctx (see runDetached): a caller's deadline that falls
+	// mid-statement would drop the doorbell.
+	sctx, cancel := detach(ctx, b.stopped, lentFor)
+	defer cancel()
 	st, err := b.c.Stmt(sctx, b.store.pool, int(stmt))
 	if err != nil {
 		if !connpool.Reusable(err) {
@@ -440,12 +438,16 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 // connection of the pool's for its statements while it has a doorbell
 // (at rest: its lease connection and its doorbell's; see
 // docs/OPERATIONS.md, Connections), and an uncontended Lock and its
-// Unlock run on the same connection. A use that did not end cleanly (ctx
-// ended, or an error that did not come from the server) drops the
+// Unlock run on the same connection. f runs under a ctx detached from
+// ctx (see runDetached), so that a caller's deadline that falls
+// mid-statement does not drop the doorbell; a use that did not end
+// cleanly (an error that did not come from the server, or a statement
+// cut short after lentFor, or by the session's end) drops the
 // connection, and with it the doorbell: its waiters wake, find nothing
 // changed, and block on the next generation (see judge). A statement
 // that waits for a row lock (a release behind a LockTx transaction)
-// holds up the session's rings meanwhile: they are sent when it ends.
+// holds up the session's rings meanwhile, lentFor at most: they are sent
+// when it ends.
 func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
 	if !b.armed.Load() || ctx.Err() != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
 		return false, nil
@@ -458,8 +460,8 @@ func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.C
 		b.lose()
 		return false, nil
 	}
-	err := f(ctx, b.c)
-	if ctx.Err() != nil || !connpool.Reusable(err) {
+	err, clean := runDetached(ctx, b.stopped, lentFor, func(ctx context.Context) error { return f(ctx, b.c) })
+	if !clean {
 		b.lose() // the driver may have closed it, or the statement may still run
 	}
 	if b.c == nil || b.published != b.gen || b.asked.Load() {
@@ -498,6 +500,7 @@ type bellState struct {
 	nobodyFence int64            // the lock's fence then
 	nobodyPaced bool             // and it has paced itself since, with that fence
 	pace        time.Duration    // the last paced poll's delay (see nextPace); 0: none since the last progress
+	paced       bool             // it paced itself (nextPace) since its last block or progress (see moved)
 	soon        bool             // the next paced poll comes after claimPoll, once (see judge, unarmedPolls)
 	unarmed     int              // times the one waited for was found without a doorbell (see unarmedPolls)
 	busy        bool             // the next paced poll comes after connPace, once: no connection to block on (see bellWaiter.wait)
@@ -537,19 +540,31 @@ const (
 // nextPace returns how long a waiter waits before its next paced try:
 // claimPoll once when it asked to poll soon (a holder without a doorbell
 // yet, or the first time nobody was found again; see judge), connPace
-// once when it had no connection to block on (see bellWaiter.wait), else
-// paceFloor, then twice the last, up to paceCap.
-func (st *bellState) nextPace() time.Duration {
+// once when it had no connection to block on (see bellWaiter.wait), or
+// longer, as the polling budget polls says, else paceFloor, then twice
+// the last, up to paceCap. Only the polls at connPace, which go on for as
+// long as the lock stays held, need the budget: the others are a few, or
+// slow down by themselves.
+func (st *bellState) nextPace(polls *pollBudget) time.Duration {
+	st.paced = true
 	if st.soon {
 		st.soon = false
 		return claimPoll
 	}
 	if st.busy {
 		st.busy = false
-		return connPace
+		return polls.delay(connPace)
 	}
 	st.pace = min(max(2*st.pace, paceFloor), paceCap)
 	return st.pace
+}
+
+// moved records a waiter's progress: a block on a doorbell ended (rung,
+// or timed out), or it found nobody after somebody. Its next pace starts
+// from paceFloor again, and its next doorbell step says again that it
+// waits (an acquisition since may have voided its want and its claim).
+func (st *bellState) moved() {
+	st.pace, st.paced = 0, false
 }
 
 // judge decides, from a waiter's read of whom it waits for (found false:
@@ -580,7 +595,7 @@ func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, 
 			return ref, false, waitPace
 		}
 		if !st.nobody {
-			st.pace = 0
+			st.moved()
 		}
 		st.nobody, st.nobodyFence, st.nobodyPaced = true, fence, false
 		return ref, false, waitTry
@@ -647,11 +662,13 @@ type bellBlock struct {
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
 }
 
-// connPace is how often a waiter that has no connection to block on (its
-// session's blocks on another doorbell, or none can be had) tries the lock
-// again: each try and read of the doorbell are two statements, so with the
-// claim renewed once a second it sends at most 20 a second, and a claimant
-// among them takes a lock that fell free within connPace.
+// connPace is how often, at most, a waiter that has no connection to
+// block on (its session's blocks on another doorbell, or none can be had)
+// tries the lock again: each try and read of the doorbell are two
+// statements (its want is said again once a second), and the polling
+// budget (pollRate) holds it to about one poll every 2/pollRate once its
+// burst is spent; a claimant among them takes a lock that fell free
+// within that.
 const connPace = 110 * time.Millisecond
 
 // newBellWaiter returns a waiter side that opens its connection from p;
@@ -790,7 +807,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		defer t.Stop()
 		select {
 		case <-t.C:
-			st.pace = 0
+			st.moved()
 		case <-ctx.Done():
 		case <-done:
 		}
@@ -813,7 +830,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 	select {
 	case <-b.done:
 	case <-own:
-		st.pace = 0
+		st.moved()
 		return waitTry
 	case <-ctx.Done():
 		return waitTry // the caller returns ctx's error
@@ -824,7 +841,7 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		st.busy = true
 		return waitPace
 	}
-	st.pace = 0
+	st.moved()
 	if b.rung {
 		st.wokeFrom(ref)
 		st.woken = true

@@ -40,6 +40,14 @@ func SweepPass(s *Session, age time.Duration) (deleted, marked int64) {
 // other sessions' doorbells are in use: none once no Lock of s waits.
 func BellWaitConnsInUse(s *Session) int { return s.current().waiters.conns.InUse() }
 
+// LeaseConnLent returns how many lock statements of s ran on its lease
+// connection (the server refused connections), and of those, how many
+// callers' ctxs ended while they ran.
+func LeaseConnLent(s *Session) (lent, cut int64) {
+	l := s.current().store.leaseConn
+	return l.lent.Load(), l.cut.Load()
+}
+
 // PoolOpen returns how many connections s's shared pool has open or is
 // opening (not its dedicated ones: a lease's, a doorbell's).
 func PoolOpen(s *Session) int { return s.current().store.pool.Open() }

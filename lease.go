@@ -138,6 +138,15 @@ func (l *lease) safetyMargin() time.Duration { return l.ttl / 5 }
 // shorter than 0.8*TTL - renewEvery: 10s for the default TTL of 15s.
 func (l *lease) renewEvery() time.Duration { return min(l.ttl/3, maxRenewEvery) }
 
+// lendable is the longest a lock statement may keep the lease connection
+// (see leaseConn.useOpen), so that a renewal it delays is still sent in
+// time: half of the time a renewal may come late (the lease holds for
+// TTL less the safety margin after a renewal was sent, and the next one
+// is due renewEvery after), and no more than lentFor.
+func (l *lease) lendable() time.Duration {
+	return min(lentFor, (l.ttl-l.safetyMargin()-l.renewEvery())/2)
+}
+
 // maxRenewEvery bounds the renewal period of long TTLs (see renewEvery).
 const maxRenewEvery = 2 * time.Second
 
@@ -231,8 +240,17 @@ func (l *lease) renew(ctx context.Context) (sent time.Time, err error) {
 // the shared pool keeps for renewals instead, so that they do not take a
 // connection each of the caller's share.
 type leaseConn struct {
-	mu sync.Mutex     // held for a use: by start, the keep-alive goroutine, Close
-	c  *connpool.Conn // guarded by mu; nil: opened at the next use
+	mu         sync.Mutex     // guards busy and leaseWaits
+	free       sync.Cond      // on mu: busy went false
+	busy       bool           // guarded by mu; c is in use: by start, the keep-alive goroutine, Close, or a lock statement (useOpen)
+	leaseWaits int            // guarded by mu; lease statements waiting for c: lock statements wait behind them (see useOpen)
+	c          *connpool.Conn // used only by the one who set busy; nil: opened at the next use
+	// lendFor is the longest a lock statement may keep the connection
+	// (see useOpen); set by the session before its first statement.
+	lendFor time.Duration
+	// lent counts the lock statements run on the connection, cut those
+	// of them whose caller's ctx ended meanwhile (for tests).
+	lent, cut atomic.Int64
 }
 
 // ownLeaseConn returns the lease connection of a new session on db, or nil
@@ -241,14 +259,40 @@ func ownLeaseConn(db *sql.DB) *leaseConn {
 	if db.Stats().MaxOpenConnections != 0 {
 		return nil
 	}
-	return &leaseConn{}
+	l := &leaseConn{}
+	l.free.L = &l.mu
+	return l
+}
+
+// acquire waits until the connection is free, and takes it: a lease
+// statement (lease) before any lock statement waiting, so that a renewal
+// waits for one lock statement at most.
+func (l *leaseConn) acquire(lease bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lease {
+		l.leaseWaits++
+		defer func() { l.leaseWaits-- }()
+	}
+	for l.busy || !lease && l.leaseWaits > 0 {
+		l.free.Wait()
+	}
+	l.busy = true
+}
+
+// release gives the connection back.
+func (l *leaseConn) release() {
+	l.mu.Lock()
+	l.busy = false
+	l.mu.Unlock()
+	l.free.Broadcast()
 }
 
 // use runs f on the connection, opened (and set up as p's are) when there
 // is none, and closes it when f's use did not end cleanly.
 func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Context, *connpool.Conn) error) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.acquire(true)
+	defer l.release()
 	if l.c == nil {
 		c, err := p.Dedicated(ctx)
 		if err != nil {
@@ -264,20 +308,29 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 	return err
 }
 
-// useOpen runs f as use does, but only when the connection is open (it
-// opens none), and reports whether it ran f; l may be nil.
-func (l *leaseConn) useOpen(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
+// useOpen runs f, a lock statement, on the connection when it is open
+// (it opens none), after the lease statements waiting for it, and
+// reports whether it ran f; l may be nil. f runs under a ctx detached
+// from ctx (see runDetached), ended by stop, or lendFor after it started
+// or shortly after ctx ended: a caller's ctx that ends mid-statement does
+// not close the connection, which the next renewal would have to open
+// again, on a server that refuses connections.
+func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
 	if l == nil {
 		return false, nil
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.acquire(false)
+	defer l.release()
 	if l.c == nil {
 		return false, nil
 	}
-	err := f(ctx, l.c)
-	if ctx.Err() != nil || !connpool.Reusable(err) {
-		l.c.Close()
+	l.lent.Add(1)
+	err, clean := runDetached(ctx, stop, l.lendFor, func(ctx context.Context) error { return f(ctx, l.c) })
+	if ctx.Err() != nil {
+		l.cut.Add(1)
+	}
+	if !clean {
+		l.c.Close() // the driver may have closed it, or a statement may still run on it
 		l.c = nil
 	}
 	return true, err
@@ -288,8 +341,8 @@ func (l *leaseConn) close() {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l.acquire(true)
+	defer l.release()
 	if l.c != nil {
 		l.c.Close()
 		l.c = nil

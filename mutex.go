@@ -505,15 +505,17 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 	var (
 		b    lockBellRead
 		err  error
-		want = st.pace == 0 || time.Since(mw.wantedAt) >= paceCap
+		want = !st.paced || time.Since(mw.wantedAt) >= paceCap
 	)
-	// (A paced waiter said so less than paceCap ago, for longer than any
-	// block that may follow: nothing to renew.) A want that an
+	// (A waiter that paced itself since its last block said so less than
+	// paceCap ago, for longer than any block that may follow: nothing to
+	// renew, and each of its polls is a try and a read.) A want that an
 	// acquisition voided before the read (see qLockBell) is said again,
 	// once: it would not make the holder ring.
 	for again := 0; again < 2; again++ {
 		if want {
 			mw.wanted, mw.wantedAt = true, time.Now()
+			w.spend(1)
 			err := s.rows.wantRow(ctx, m.name, bellWait+2*time.Second, time.Since(w.started))
 			mw.unwanted = isErrNo(err, errLockWaitTimeout)
 			if err != nil && !mw.unwanted {
@@ -521,6 +523,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 				return waitPace
 			}
 		}
+		w.spend(1)
 		b, err = s.rows.lockBell(ctx, m.name)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", m.name, "kind", kindMutex, "err", err)

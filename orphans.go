@@ -256,7 +256,15 @@ func (s *Session) undo(ctx context.Context, o orphan) {
 // Whatever frees a row or ticket that others may wait for rings the
 // session's doorbell when they do (see doorbell.go): a lock row whose
 // wanted_until is current, a ticket with a waiter's marker behind it.
-func (s *Session) free(ctx context.Context, o orphan) (bool, error) {
+// When ctx ended meanwhile, its error is ctx's: a release on the
+// doorbell's connection runs on shortly after ctx (see ringIn), and is
+// cut with an error of its own.
+func (s *Session) free(ctx context.Context, o orphan) (freed bool, err error) {
+	defer func() {
+		if cerr := ctx.Err(); err != nil && cerr != nil {
+			err = cerr
+		}
+	}()
 	if o.ticket {
 		return s.tickets.freeTicket(ctx, o) // see tickets.go
 	}

@@ -149,6 +149,9 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 	bellsAllowed := !st.galera && bellsFit(db)
 	capped := db.Stats().MaxOpenConnections != 0
 	s.lease = newLease(st, o.ttl, s.stats, s.lose)
+	if st.leaseConn != nil {
+		st.leaseConn.lendFor = s.lease.lendable()
+	}
 	s.reaper = newReaper(st, o.ttl, s.free)
 	s.sweeper = newSweeper(st, &o)
 	s.stopped, s.stop = context.WithCancel(context.Background())

@@ -115,10 +115,16 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 	c, err := s.pool.Get(ctx, priority)
 	if err != nil && !priority && isErrNo(err, errTooManyConnections) {
 		// The server refuses connections (1040): a lock statement runs on
-		// the session's lease connection, so that sessions whose
-		// connections the server cannot open still make progress (a
-		// renewal may then wait for such statements).
-		if ran, err := s.leaseConn.useOpen(ctx, f); ran {
+		// the session's lease connection when it is free, so that
+		// sessions whose connections the server cannot open still make
+		// progress (a renewal waits for one such statement at most; see
+		// useOpen). Close's own statements (see closingCtx) are bound by
+		// Close's ctx, the others by the session.
+		stop := s.stopped
+		if ctx.Value(closingKey{}) != nil {
+			stop = ctx
+		}
+		if ran, err := s.leaseConn.useOpen(ctx, stop, f); ran {
 			return err
 		}
 	}
@@ -132,6 +138,57 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 		s.pool.Put(c, err)
 	}
 	return err
+}
+
+// lentFor bounds a lock statement lent a connection that must outlive its
+// caller's ctx (see runDetached): the session's doorbell connection.
+// It is longer than any statement that does not wait for a transaction
+// (a statement that does gives up after innodb_lock_wait_timeout, 5s):
+// only a statement that met a row lock and is retried is cut short, and
+// its connection dropped.
+const lentFor = 6 * time.Second
+
+// lateFor is how long such a statement may run on after its caller's ctx
+// ended: far longer than a statement takes that does not wait for a row
+// lock, and short enough that a call still returns promptly after its
+// ctx ended when the statement never answers (a network gone dark).
+const lateFor = 250 * time.Millisecond
+
+// runDetached runs f, a lock statement on a connection lent to it that
+// must outlive the caller (the session's doorbell connection, or its lease
+// connection: a ctx that ends mid-statement makes the driver close the
+// connection), under a ctx that does not end with ctx but lateFor after
+// it, or when stop does, or after most (see detach). So a caller's
+// deadline that falls mid-statement neither drops the doorbell (its
+// waiters would wake for nothing, and on a *sql.DB with a connection
+// limit its slot could go to another) nor closes the lease connection
+// (which the next renewal would have to open again, on a server that may
+// refuse connections). The caller gets ctx's error when ctx ended
+// meanwhile, and handles it as after a statement cut short (an
+// acquisition is undone, a release retried in the background); clean
+// reports whether the connection may be used again: f's error did not
+// break it, and it was not cut short.
+func runDetached(ctx, stop context.Context, most time.Duration, f func(context.Context) error) (err error, clean bool) {
+	dctx, cancel := detach(ctx, stop, most)
+	defer cancel()
+	err = f(dctx)
+	// A statement that ended well leaves the connection fit, even when
+	// dctx ended just after it; a failure may come from dctx's end.
+	clean = err == nil || dctx.Err() == nil && connpool.Reusable(err)
+	if cerr := ctx.Err(); cerr != nil {
+		err = cerr
+	}
+	return err, clean
+}
+
+// detach returns a ctx with ctx's values that ends when stop does, after
+// most, or lateFor after ctx ended (see runDetached), and its cancel.
+func detach(ctx, stop context.Context, most time.Duration) (context.Context, context.CancelFunc) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), most)
+	unhookStop := context.AfterFunc(stop, cancel)
+	// The timer is left to fire after cancel: it cancels dctx again.
+	unhookCtx := context.AfterFunc(ctx, func() { time.AfterFunc(lateFor, cancel) })
+	return dctx, func() { unhookStop(); unhookCtx(); cancel() }
 }
 
 // maxRetries bounds the immediate retries of a statement that a deadlock

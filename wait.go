@@ -48,21 +48,45 @@ type waitState struct {
 	started time.Time // when the call first waited; zero until then
 	bells   bellState // the doorbell waits' (see doorbell.go)
 	polls   pollBudget
+	// prompted: the attempt follows a doorbell step that told the loop to
+	// try at once (waitTry: rung, or something changed), not a timer:
+	// its statements, and those of the doorbell step after it, answer an
+	// event and are not polls (see spend).
+	prompted bool
+}
+
+// spend counts n statements of the attempt in progress, or of its
+// doorbell step, against the polling budget, unless they answer an event
+// (see prompted): a waiter that blocks on doorbells and is woken by every
+// release of a contended lock runs up no debt that would hold back its
+// next poll.
+func (w *waitState) spend(n int) {
+	if !w.prompted {
+		w.polls.spend(n)
+	}
 }
 
 // The polling budget: a waiter that polls (no doorbell to wait on: a
 // Galera cluster, a *sql.DB with a connection limit below bellsMinLimit,
-// a server that refuses GET_LOCK) sends its statements from a bucket that
-// holds pollBurst and fills at pollRate a second, whatever the back-off
-// policy says. So in any second it sends at most pollBurst + pollRate
-// statements, plus one (a claim is spent before the wait that pays for
-// it): 19, and 20 with its session's keep-alive (one every 2s at the
-// default TTL) within spinBudget. The burst is what a waiter has for the
-// moments that matter: the first polls of a wait (the lock is often free
-// again within milliseconds), and a claimant's first polls after its
-// claim (see mutexWait.poll); a waiter that has waited long polls at about
+// a server that refuses GET_LOCK), or polls at connPace (a doorbell
+// waiter with nothing to block on for as long as the lock stays held: a
+// claimant whose holder has no doorbell, or a waiter whose session's
+// waiting connection blocks for another name; see nextPace), sends its
+// polls from a bucket that holds pollBurst and fills at pollRate a
+// second, whatever the back-off policy or the pace says. So in any
+// second it sends at most pollBurst + pollRate statements, plus those of
+// one attempt beyond the first (a claim, or a want and a read of the
+// doorbell, are spent before the wait that pays for them): 19 polling,
+// a little more pacing (its want is said once a second), and within
+// spinBudget with its session's keep-alive (one every 2s at the default
+// TTL). The burst is what a waiter has for the moments that matter: the
+// first polls of a wait (the lock is often free again within
+// milliseconds), and a claimant's first polls after its claim (see
+// mutexWait.poll); a waiter that has waited long polls at about
 // pollRate, so a lock that falls free is taken within 1/pollRate (83ms),
-// 42ms on average.
+// 42ms on average (twice that for a paced waiter, whose polls are a try
+// and a read each). Statements that answer a doorbell (see
+// waitState.prompted) are not polls.
 const (
 	pollBurst = 6
 	pollRate  = 12
@@ -124,7 +148,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 	}()
 	for ; ; w.attempt++ {
 		taken, err := p.try(ctx, &w)
-		w.polls.spend(1)
+		w.spend(1)
 		var stop stopWait
 		switch {
 		case err == nil && taken:
@@ -171,9 +195,10 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			if err := s.leaseErr(); err != nil {
 				return false, err
 			}
+			w.prompted = true
 			continue
 		case out == waitPace:
-			d = w.bells.nextPace()
+			d = w.bells.nextPace(&w.polls)
 		default:
 			// Polling: as the policy says, within the budget.
 			if err == nil && p.poll != nil {
@@ -181,6 +206,7 @@ func (s *Session) waitFor(ctx context.Context, c *call, wait bool, p *waitPolicy
 			}
 			d = w.polls.delay(d)
 		}
+		w.prompted = false // the next attempt is a poll
 		if timer == nil {
 			timer = time.NewTimer(d)
 		} else {
