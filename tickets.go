@@ -430,7 +430,8 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 // after the release. ran is false when the statement had no effect and
 // the caller must free o on a pool connection: as for the Mutex (the
 // session ending, ctx ended, the doorbell not taken or its connection in
-// use), and also when the ticket or slot was not this acquisition's (the
+// use), and also when the ticket or slot was not this acquisition's, or
+// a ticket's ring could not take the doorbell's next generation (the
 // plain release then decides, and rings, as before). When the statement
 // failed, ran is true with its error, and the connection (with its
 // doorbell, which wakes the waiters) is dropped for a new one.
@@ -444,7 +445,7 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 			if o.seq == headSlot {
 				return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
 			}
-			return st.ExecContext(ctx, o.name, t.id, o.token, o.seq+markerBase, t.id, next, next, cur)
+			return st.ExecContext(ctx, t.id, o.name, t.id, o.token, next, next, cur)
 		}, 0)
 		switch {
 		case errors.Is(err, driver.ErrBadConn):
@@ -456,7 +457,9 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 		n, _ := res.RowsAffected()
 		switch {
 		case n == 0:
-			// Not this acquisition's: the plain release decides.
+			// Not this acquisition's, or (a ticket) the next generation
+			// could not be taken, and nothing rang: the plain release
+			// decides, and rings.
 			res = nil
 			return ringNotRun
 		case o.seq != headSlot && n == 2:
