@@ -40,9 +40,7 @@ func TestTicketReleaseRingNextTaken(t *testing.T) {
 		return got
 	}
 	got1 := lock(m1)
-	waitFor(t, "the holder's ticket", func() bool {
-		return countRows(t, db, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID()) == 1
-	})
+	waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID())
 	if err := m0.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -52,12 +50,11 @@ func TestTicketReleaseRingNextTaken(t *testing.T) {
 	gen := func() int64 {
 		return int64(countRows(t, db, `SELECT bell FROM dsync_lease WHERE id = ?`, holder.ID()))
 	}
-	waitFor(t, "the holder's doorbell", func() bool { return gen() > 0 })
+	waitRows(t, db, 10*time.Second, 1, `SELECT bell > 0 FROM dsync_lease WHERE id = ?`, holder.ID())
 	got2 := lock(m2)
-	waitFor(t, "the waiter's marker", func() bool {
-		return countRows(t, db, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = 0`, name) == 1
-	})
-	time.Sleep(100 * time.Millisecond) // the waiter blocks on the doorbell
+	// The waiter's marker; then it blocks on the holder's doorbell.
+	waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = 0`, name)
+	time.Sleep(100 * time.Millisecond)
 
 	// Another connection takes the holder's next generation.
 	cur := gen()
@@ -105,17 +102,6 @@ func TestTicketReleaseRingNextTaken(t *testing.T) {
 	}
 	if err := m2.Unlock(ctx); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitFor polls cond every 10ms, failing t when it is still false after
-// 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s after 10s", what)
-		}
 	}
 }
 
