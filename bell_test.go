@@ -311,7 +311,7 @@ func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
 	}
 	unlocked := make(chan error, 1)
 	go func() { unlocked <- m.Unlock(ctx) }()
-	awaitStatement(t, db, "DELETE %FROM %dsync_ticket%WHERE %name%", 5*time.Second, "the release never waited for the ticket's row lock")
+	awaitStatement(t, db, "DELETE FROM %dsync_ticket%WHERE name%", 5*time.Second, "the release never waited for the ticket's row lock")
 	const markerBase = 1 << 62
 	// The marker as qTicketWant writes it: its token names the session
 	// whose ticket it waits behind.

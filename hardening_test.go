@@ -296,7 +296,7 @@ func TestConcurrentReadersNeverSeeDeadlocks(t *testing.T) {
 	go func() { errc <- reader.RUnlock(bg) }()
 	// The delete, seen in the process list; the deadlock count checked
 	// below proves the delete really waited.
-	awaitStatement(t, admin, "DELETE %FROM %dsync_ticket%WHERE %name%", 5*time.Second, "RUnlock's delete never waited for the ticket's row")
+	awaitStatement(t, admin, "DELETE FROM %dsync_ticket%WHERE name%", 5*time.Second, "RUnlock's delete never waited for the ticket's row")
 	if _, err := tx.Exec("SELECT seq FROM dsync_ticket WHERE name = ? AND seq = ? FOR UPDATE", reader.Name(), ticket); err != nil {
 		t.Fatalf("the other transaction's locking read: got %v; want <nil> (the delete the deadlock's victim)", err)
 	}

@@ -472,8 +472,7 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 // after the release. ran is false when the statement had no effect and
 // the caller must free o on a pool connection: as for the Mutex (the
 // session ending, ctx ended, the doorbell not taken or its connection in
-// use), and also when the ticket or slot was not this acquisition's, or
-// a ticket's ring could not take the doorbell's next generation (the
+// use), and also when the ticket or slot was not this acquisition's (the
 // plain release then decides, and rings, as before). When the statement
 // failed, ran is true with its error, and the connection (with its
 // doorbell, which wakes the waiters) is dropped for a new one.
@@ -487,21 +486,22 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 			if o.seq == headSlot {
 				return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
 			}
-			return st.ExecContext(ctx, t.id, o.name, t.id, o.token, next, next, cur)
+			return st.ExecContext(ctx, o.name, t.id, o.token, o.seq+markerBase, t.id, next, next, cur)
 		}, 0)
 		switch {
 		case errors.Is(err, driver.ErrBadConn):
 			res, err = nil, nil
 			return ringBadConn // nothing was sent
 		case err != nil:
-			return ringBroken // it failed, maybe after it rang
+			// It failed, maybe after it rang; or (a ticket) it could
+			// not take the next generation and rang nothing (see
+			// qTicketReleaseRing).
+			return ringBroken
 		}
 		n, _ := res.RowsAffected()
 		switch {
 		case n == 0:
-			// Not this acquisition's, or (a ticket) the next generation
-			// could not be taken, and nothing rang: the plain release
-			// decides, and rings.
+			// Not this acquisition's: the plain release decides.
 			res = nil
 			return ringNotRun
 		case o.seq != headSlot && n == 2:
