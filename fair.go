@@ -48,7 +48,9 @@ import "context"
 // Uncontended, Lock and Unlock are one statement each, as a Mutex's: with
 // nobody holding or waiting, Lock takes the head slot of the name's row
 // (its fence in the same statement) instead of a ticket, and holds the
-// lock ahead of every ticket queued after it.
+// lock ahead of every ticket queued after it. (A session that last found
+// the line busy takes a ticket instead, once: its first Lock after the
+// contention ends costs one statement more.)
 type FairMutex struct {
 	q queued
 }

@@ -415,3 +415,52 @@ func TestHeadSlotHolderLeaseEnds(t *testing.T) {
 	wantTryLock(t, "TryLock by a third session while the waiter holds", dsync.NewFairMutex(newSession(t), name), false)
 	unlockNow(t, "Unlock", w)
 }
+
+// TestContendedLockEnqueuesAtOnce: a session whose take of the head slot
+// found the lock held, and that then held the lock and let it go (which
+// forgets its local state of the name), enqueues at once on its next Lock
+// while the line is busy, instead of trying the slot first: that take
+// would write nothing and only wait for the per-name row behind the
+// others' enqueues, a statement per contended Lock. A transaction holding
+// the per-name row shows which statement the Lock sends first.
+func TestContendedLockEnqueuesAtOnce(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	b := dsync.NewFairMutex(newSession(t), name)
+	lockQueued(t, b) // b's take of the slot found it held: b holds a ticket
+	a := dsync.NewFairMutex(newSession(t), name)
+	got := make(chan error, 1)
+	go func() { got <- a.Lock(ctx) }()
+	waitTickets(t, db, name, 2)
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.Exec("SELECT fence FROM dsync_queue WHERE name = ? FOR UPDATE", name); err != nil {
+		t.Fatal(err)
+	}
+	go func() { got <- b.Lock(ctx) }()
+	awaitStatement(t, db, "INSERT INTO %dsync_ticket%SELECT q.name%", 5*time.Second,
+		"b's Lock did not enqueue within 5s (it tried the head slot first)")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitTickets(t, db, name, 2)
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -784,22 +784,30 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// id, next doorbell name (twice), current doorbell name. A DELETE
 	// reports no LAST_INSERT_ID, so the rows say what it did: 2, the ticket
 	// and the marker: rung, the next generation taken; 1: the ticket alone,
-	// nobody waited (or the next generation could not be taken: rung, the
-	// marker left for the purge); 0: the ticket was not this acquisition's
-	// (free it with qTicketRelease, which decides as before). The ring is
-	// the last term of the marker's condition, so the server, which
-	// evaluates the conditions in order and stops at the first false one,
-	// runs it on that marker only, never on another of the name's rows
-	// (another ticket's marker). The marker must name this session as the
-	// holder of the ticket it waits behind (token, see qTicketWant; 1: a
-	// marker of a version before), so that a marker behind a number that
-	// came again for another session (this one's release of it committed,
-	// and the reaper runs it again) is not rung for: a ring reported as
-	// none would leave the doorbell's generations astray. Rows as
-	// qTicketRelease's, read in key order: the ticket before its marker.
+	// nobody waited; 0: the ticket was not this acquisition's (free it with
+	// qTicketRelease, which decides as before). The ring is the last term
+	// of the marker's condition, so the server, which evaluates the
+	// conditions in order and stops at the first false one, runs it on that
+	// marker only, never on another of the name's rows (another ticket's
+	// marker). It lets the current generation go only once the connection
+	// holds the next one; when the next one cannot be taken (another
+	// connection holds it), it rings nothing and fails on purpose, with an
+	// overflow of the marker's seq (error 1690, which the server raises
+	// only where it evaluates that branch), so the statement is rolled back
+	// and says so: the caller drops the doorbell's connection, which wakes
+	// the waiters, and frees the ticket on another connection (a ring that
+	// let the current generation go without the next one, reported as rows
+	// 1, left the lease row publishing a generation nobody held). The
+	// marker must name this session as the holder of the ticket it waits
+	// behind (token, see qTicketWant; 1: a marker of a version before), so
+	// that a marker behind a number that came again for another session
+	// (this one's release of it committed, and the reaper runs it again) is
+	// not rung for: a ring reported as none would leave the doorbell's
+	// generations astray. Rows as qTicketRelease's, read in key order: the
+	// ticket before its marker.
 	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?)
   OR (seq = ? AND holder = 0 AND token IN (1, ?)
-      AND 1 + IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, COALESCE(GET_LOCK(?, 0), 0)) + 0 * COALESCE(RELEASE_LOCK(?), 0) = 2))`
+      AND IF(IS_USED_LOCK(?) <=> CONNECTION_ID() OR GET_LOCK(?, 0) = 1, COALESCE(RELEASE_LOCK(?), 0) >= 0, seq + ~0 > 0)))`
 
 	// qTicketTakeWoken is qTicketTake for a waiter that a doorbell woke: it
 	// first waits for the release it was woken by to commit (see above), by

@@ -44,12 +44,6 @@ type localQueue struct {
 	hold         // guarded by mu; the exclusive hold of this process, if any
 	ticket int64 // guarded by mu; the exclusive hold's ticket number, or headSlot
 
-	// busy says that the last take of the head slot by this process found
-	// the lock held or waited for: its next exclusive Lock enqueues at once
-	// instead of trying the slot first, until an enqueue finds nothing
-	// ahead. Guarded by mu.
-	busy bool
-
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
 	reads   []*readHold
@@ -96,7 +90,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 		// when none holds or waits, none is ahead of this one.
 		lq.mu.Lock()
 		idle := !lq.held && len(lq.reads) == 0 && len(lq.line) == 0
-		try := idle && (!lq.busy || !wait)
+		try := idle && (!wait || !s.tickets.busy.has(name))
 		lq.mu.Unlock()
 		if try {
 			fence, unknown, err := s.tickets.takeSlot(ctx, c, name, token)
@@ -110,9 +104,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 			if fence > 0 {
 				return &waiter{ticket: headSlot, token: token, mode: mode}, fence, nil
 			}
-			lq.mu.Lock()
-			lq.busy = true
-			lq.mu.Unlock()
+			s.tickets.busy.set(name, true)
 		}
 		if !wait {
 			return nil, 0, nil // held or waited for: TryLock never takes a ticket
@@ -127,10 +119,10 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 		return nil, 0, err
 	}
 	w := &waiter{ticket: ticket, token: token, mode: mode, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
-	lq.mu.Lock()
 	if !ahead {
-		lq.busy = false
+		s.tickets.busy.set(name, false)
 	}
+	lq.mu.Lock()
 	lq.line = append(lq.line, w)
 	if len(lq.line) == 1 {
 		close(w.front)

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/dsynclock/dsync/internal/connpool"
@@ -27,6 +28,47 @@ type tickets struct {
 	// missing (the session's createQueueRow, which may wait: a wait of
 	// the lock call c, see Stats).
 	createRow func(ctx context.Context, c *call, name string) error
+
+	// busy holds the names whose last take of the head slot by this
+	// session found the lock held or waited for: the session's next
+	// exclusive Lock of such a name enqueues at once instead of trying
+	// the slot first (a statement that writes nothing then, but waits for
+	// the per-name row's lock behind the enqueues of the others), until an
+	// enqueue finds nothing ahead. It outlives the name's local state
+	// (localQueue), which goes with the last hold and call of the
+	// process: under contention every Lock of a session starts anew.
+	busy busyNames
+}
+
+// busyNames is a set of lock names, bounded: it forgets them all when it
+// is full (each one forgotten costs one statement, the slot's take, the
+// next time). Safe for concurrent use.
+type busyNames struct {
+	mu    sync.Mutex
+	names map[string]struct{} // guarded by mu
+}
+
+// maxBusyNames bounds a busyNames.
+const maxBusyNames = 1024
+
+func (b *busyNames) has(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.names[name]
+	return ok
+}
+
+func (b *busyNames) set(name string, busy bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case !busy:
+		delete(b.names, name)
+	case b.names == nil || len(b.names) >= maxBusyNames:
+		b.names = map[string]struct{}{name: {}}
+	default:
+		b.names[name] = struct{}{}
+	}
 }
 
 // takeSlot tries to take the head slot of name for an exclusive hold
@@ -451,7 +493,10 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 			res, err = nil, nil
 			return ringBadConn // nothing was sent
 		case err != nil:
-			return ringBroken // it failed, maybe after it rang
+			// It failed, maybe after it rang; or (a ticket) it could
+			// not take the next generation and rang nothing (see
+			// qTicketReleaseRing).
+			return ringBroken
 		}
 		n, _ := res.RowsAffected()
 		switch {
