@@ -316,6 +316,12 @@ func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Lock statements are lent c (see lend): a row lock must not keep
+	// one past lentFor.
+	if _, err := c.ExecContext(ctx, qLentLockWait); err != nil {
+		c.Close()
+		return nil, err
+	}
 	var took sql.NullInt64
 	err = b.store.query(ctx, c, sBellTake, []any{bellName(b.id, gen)}, &took)
 	if err == nil && took.Int64 != 1 {
@@ -460,7 +466,8 @@ func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.C
 		b.lose()
 		return false, nil
 	}
-	err, clean := runDetached(ctx, b.stopped, lentFor, func(ctx context.Context) error { return f(ctx, b.c) })
+	alive := func() bool { return b.c.Alive(context.Background()) }
+	err, clean := runDetached(ctx, b.stopped, lentFor, alive, func(ctx context.Context) error { return f(ctx, b.c) })
 	if !clean {
 		b.lose() // the driver may have closed it, or the statement may still run
 	}

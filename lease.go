@@ -240,11 +240,13 @@ func (l *lease) renew(ctx context.Context) (sent time.Time, err error) {
 // the shared pool keeps for renewals instead, so that they do not take a
 // connection each of the caller's share.
 type leaseConn struct {
-	mu         sync.Mutex     // guards busy and leaseWaits
-	free       sync.Cond      // on mu: busy went false
-	busy       bool           // guarded by mu; c is in use: by start, the keep-alive goroutine, Close, or a lock statement (useOpen)
+	// slot holds a token while c is in use: by start, the keep-alive
+	// goroutine, Close, or a lock statement (useOpen).
+	slot       chan struct{}
+	mu         sync.Mutex     // guards leaseWaits and freed
 	leaseWaits int            // guarded by mu; lease statements waiting for c: lock statements wait behind them (see useOpen)
-	c          *connpool.Conn // used only by the one who set busy; nil: opened at the next use
+	freed      chan struct{}  // guarded by mu; closed when c is let go or leaseWaits drops (lock statements look again)
+	c          *connpool.Conn // used only by the one who holds the slot; nil: opened at the next use
 	// lendFor is the longest a lock statement may keep the connection
 	// (see useOpen); set by the session before its first statement.
 	lendFor time.Duration
@@ -259,42 +261,85 @@ func ownLeaseConn(db *sql.DB) *leaseConn {
 	if db.Stats().MaxOpenConnections != 0 {
 		return nil
 	}
-	l := &leaseConn{}
-	l.free.L = &l.mu
-	return l
+	return newLeaseConn()
 }
 
-// acquire waits until the connection is free, and takes it: a lease
-// statement (lease) before any lock statement waiting, so that a renewal
-// waits for one lock statement at most.
-func (l *leaseConn) acquire(lease bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// newLeaseConn returns a lease connection, not yet open.
+func newLeaseConn() *leaseConn {
+	return &leaseConn{slot: make(chan struct{}, 1), freed: make(chan struct{})}
+}
+
+// acquire waits until the connection is free, and takes it, or returns
+// ctx's error when ctx ends first: a lease statement (lease) before any
+// lock statement waiting, so that a renewal waits for one lock statement
+// at most.
+func (l *leaseConn) acquire(ctx context.Context, lease bool) error {
 	if lease {
+		l.mu.Lock()
 		l.leaseWaits++
-		defer func() { l.leaseWaits-- }()
+		l.mu.Unlock()
+		defer func() {
+			l.mu.Lock()
+			l.leaseWaits--
+			l.wakeLocked()
+			l.mu.Unlock()
+		}()
+		select {
+		case l.slot <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	for l.busy || !lease && l.leaseWaits > 0 {
-		l.free.Wait()
+	for {
+		l.mu.Lock()
+		if l.leaseWaits == 0 {
+			select {
+			case l.slot <- struct{}{}:
+				l.mu.Unlock()
+				return nil
+			default:
+			}
+		}
+		freed := l.freed
+		l.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	l.busy = true
+}
+
+// wakeLocked has the lock statements waiting look again (l.mu held).
+func (l *leaseConn) wakeLocked() {
+	close(l.freed)
+	l.freed = make(chan struct{})
 }
 
 // release gives the connection back.
 func (l *leaseConn) release() {
+	<-l.slot
 	l.mu.Lock()
-	l.busy = false
+	l.wakeLocked()
 	l.mu.Unlock()
-	l.free.Broadcast()
 }
 
-// use runs f on the connection, opened (and set up as p's are) when there
-// is none, and closes it when f's use did not end cleanly.
+// use runs f on the connection, opened (and set up as p's are, with a
+// lock wait timeout of lentLockWait: see qLentLockWait) when there is
+// none, and closes it when f's use did not end cleanly.
 func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Context, *connpool.Conn) error) error {
-	l.acquire(true)
+	if err := l.acquire(ctx, true); err != nil {
+		return err
+	}
 	defer l.release()
 	if l.c == nil {
 		c, err := p.Dedicated(ctx)
+		if err == nil {
+			if _, err = c.ExecContext(ctx, qLentLockWait); err != nil {
+				c.Close()
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -310,22 +355,36 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 
 // useOpen runs f, a lock statement, on the connection when it is open
 // (it opens none), after the lease statements waiting for it, and
-// reports whether it ran f; l may be nil. f runs under a ctx detached
-// from ctx (see runDetached), ended by stop, or lendFor after it started
-// or shortly after ctx ended: a caller's ctx that ends mid-statement does
-// not close the connection, which the next renewal would have to open
-// again, on a server that refuses connections.
+// reports whether it ran f, or waited for the connection until ctx
+// ended; l may be nil. f runs under a ctx detached from ctx (see
+// runDetached), ended by stop, or lendFor after it started or lateFor
+// after ctx ended: a caller's ctx that ends mid-statement does not close
+// the connection, which the next renewal would have to open again, on a
+// server that refuses connections. Nor does a row lock: the connection
+// waits lentLockWait at most for one (qLentLockWait), and f does not run
+// again after it (see retryRolledBackN). So f is sent only when that
+// wait fits in lendFor twice over (room for a second statement of f, and
+// for the driver and the network), or f does not wait for row locks
+// (noWaitKey); otherwise useOpen reports that it did not run f, and the
+// caller gets the server's refusal (1040), as when the connection is
+// closed.
 func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
-	if l == nil {
+	if l == nil || l.lendFor < 2*lentLockWait+lateFor && ctx.Value(noWaitKey{}) == nil {
 		return false, nil
 	}
-	l.acquire(false)
+	if err := l.acquire(ctx, false); err != nil {
+		return true, err
+	}
 	defer l.release()
 	if l.c == nil {
 		return false, nil
 	}
+	if err := ctx.Err(); err != nil {
+		return true, err // not sent: the caller gave up meanwhile
+	}
 	l.lent.Add(1)
-	err, clean := runDetached(ctx, stop, l.lendFor, func(ctx context.Context) error { return f(ctx, l.c) })
+	alive := func() bool { return l.c.Alive(context.Background()) }
+	err, clean := runDetached(ctx, stop, l.lendFor, alive, func(ctx context.Context) error { return f(ctx, l.c) })
 	if ctx.Err() != nil {
 		l.cut.Add(1)
 	}
@@ -341,10 +400,18 @@ func (l *leaseConn) close() {
 	if l == nil {
 		return
 	}
-	l.acquire(true)
+	l.acquire(context.Background(), true)
 	defer l.release()
 	if l.c != nil {
 		l.c.Close()
 		l.c = nil
 	}
+}
+
+// waiting returns how many lease statements wait for the connection (for
+// tests).
+func (l *leaseConn) waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leaseWaits
 }
