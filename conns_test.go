@@ -319,17 +319,23 @@ func fillServer(ctx context.Context, t *testing.T, dsn string) {
 // 1040 and the session was lost. It first checks that the release ran on
 // the lease connection (the doorbell's was busy with another release
 // behind the same transaction). Neither Unlock, given no deadline,
-// returns context.DeadlineExceeded.
+// returns context.DeadlineExceeded. With a TTL of 9s the lease connection
+// waits a second for the row; with 3s (lendable 0.7s) it does not wait
+// while lent, and waits again for its renewals.
 func TestLentRowLockKeepsLeaseConn(t *testing.T) {
+	for _, ttl := range []time.Duration{9 * time.Second, 3 * time.Second} {
+		t.Run(ttl.String(), func(t *testing.T) { testLentRowLockKeepsLeaseConn(t, ttl) })
+	}
+}
+
+func testLentRowLockKeepsLeaseConn(t *testing.T, ttl time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv, admin := dedicatedServer(ctx, t, "--max-connections=20")
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE lent"); err != nil {
 		t.Fatal(err)
 	}
-	// The shortest TTL whose lease connection is lent statements that
-	// may wait for a row lock (lendable >= 2.25s).
-	s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, srv.DSN("lent")), dsync.WithTTL(9*time.Second))
+	s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, srv.DSN("lent")), dsync.WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,6 +370,7 @@ func TestLentRowLockKeepsLeaseConn(t *testing.T) {
 	lent0, _ := dsync.LeaseConnLent(s)
 	go func() { ub <- mb.Unlock(context.Background()) }() // on the lease connection
 	time.Sleep(100 * time.Millisecond)
+	lent1, _ := dsync.LeaseConnLent(s)
 	cctx, ccancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	tl := time.Now()
 	ok, err := mc.TryLock(cctx)
@@ -374,7 +381,7 @@ func TestLentRowLockKeepsLeaseConn(t *testing.T) {
 	}
 	errA, errB := <-ua, <-ub
 	t.Logf("Unlock a: %v; Unlock b: %v", errA, errB)
-	if lent, _ := dsync.LeaseConnLent(s); lent == lent0 {
+	if lent1 == lent0 {
 		t.Fatalf("the fault did not happen: no lock statement ran on the lease connection (Unlock b: %v)", errB)
 	}
 	for _, err := range []error{errA, errB} {

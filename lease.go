@@ -142,7 +142,11 @@ func (l *lease) renewEvery() time.Duration { return min(l.ttl/3, maxRenewEvery) 
 // (see leaseConn.useOpen), so that a renewal it delays is still sent in
 // time: half of the time a renewal may come late (the lease holds for
 // TTL less the safety margin after a renewal was sent, and the next one
-// is due renewEvery after), and no more than lentFor.
+// is due renewEvery after), and no more than lentFor. A statement that
+// may wait for a row lock is lent the lease connection only when
+// lendable fits two such waits (see leaseConn.useOpen): a TTL of about
+// 8.1s or more; under it the lease connection does not wait for row locks
+// while lent.
 func (l *lease) lendable() time.Duration {
 	return min(lentFor, (l.ttl-l.safetyMargin()-l.renewEvery())/2)
 }
@@ -250,6 +254,12 @@ type leaseConn struct {
 	// lendFor is the longest a lock statement may keep the connection
 	// (see useOpen); set by the session before its first statement.
 	lendFor time.Duration
+	// noWaitOff is the store's: the server refused the no-wait variants
+	// (MySQL), and takes no lock wait timeout of 0 (see useOpen).
+	noWaitOff *atomic.Bool
+	// noWait: c's lock wait timeout is 0 (qLentNoWait), not lentLockWait;
+	// used only by the one who holds the slot.
+	noWait bool
 	// lent counts the lock statements run on the connection, cut those
 	// of them whose caller's ctx ended meanwhile (for tests).
 	lent, cut atomic.Int64
@@ -345,10 +355,20 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 		}
 		l.c = c
 	}
-	err := f(ctx, l.c)
+	var err error
+	if l.noWait {
+		// Lock statements were lent it meanwhile (see useOpen).
+		if _, err = l.c.ExecContext(ctx, qLentLockWait); err == nil {
+			l.noWait = false
+		}
+	}
+	if err == nil {
+		err = f(ctx, l.c)
+	}
 	if ctx.Err() != nil || !connpool.Reusable(err) {
 		l.c.Close() // the driver may have closed it, or a statement may still run on it
 		l.c = nil
+		l.noWait = false
 	}
 	return err
 }
@@ -360,16 +380,23 @@ func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Co
 // runDetached), ended by stop, or lendFor after it started or lateFor
 // after ctx ended: a caller's ctx that ends mid-statement does not close
 // the connection, which the next renewal would have to open again, on a
-// server that refuses connections. Nor does a row lock: the connection
-// waits lentLockWait at most for one (qLentLockWait), and f does not run
-// again after it (see retryRolledBackN). So f is sent only when that
-// wait fits in lendFor twice over (room for a second statement of f, and
-// for the driver and the network), or f does not wait for row locks
-// (noWaitKey); otherwise useOpen reports that it did not run f, and the
-// caller gets the server's refusal (1040), as when the connection is
-// closed.
+// server that refuses connections. Nor does a row lock: the server ends
+// f's wait for one, and f does not run again after it (see
+// retryRolledBackN). The connection waits lentLockWait at most
+// (qLentLockWait) when that wait fits in lendFor twice over (room for a
+// second statement of f, and for the driver and the network); when it
+// does not (a TTL under about 8s), it does not wait at all while lent
+// (qLentNoWait), and is not lent a statement that waits a second
+// whatever the connection's setting (briefKey), nor, on a server that
+// takes no wait of 0 (MySQL), one that may wait; useOpen reports then
+// that it did not run f, and the caller gets the server's refusal
+// (1040), as when the connection is closed.
 func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
-	if l == nil || l.lendFor < 2*lentLockWait+lateFor && ctx.Value(noWaitKey{}) == nil {
+	if l == nil {
+		return false, nil
+	}
+	short := l.lendFor < 2*lentLockWait+lateFor && ctx.Value(noWaitKey{}) == nil
+	if short && (ctx.Value(briefKey{}) != nil || l.noWaitOff != nil && l.noWaitOff.Load()) {
 		return false, nil
 	}
 	if err := l.acquire(ctx, false); err != nil {
@@ -384,13 +411,25 @@ func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *
 	}
 	l.lent.Add(1)
 	alive := func() bool { return l.c.Alive(context.Background()) }
-	err, clean := runDetached(ctx, stop, l.lendFor, alive, func(ctx context.Context) error { return f(ctx, l.c) })
+	err, clean := runDetached(ctx, stop, l.lendFor, alive, func(ctx context.Context) error {
+		if short {
+			if !l.noWait {
+				if _, err := l.c.ExecContext(ctx, qLentNoWait); err != nil {
+					return err
+				}
+				l.noWait = true
+			}
+			ctx = context.WithValue(ctx, noWaitKey{}, true) // 1205 is retried (retryRolledBackN)
+		}
+		return f(ctx, l.c)
+	})
 	if ctx.Err() != nil {
 		l.cut.Add(1)
 	}
 	if !clean {
 		l.c.Close() // the driver may have closed it, or a statement may still run on it
 		l.c = nil
+		l.noWait = false
 	}
 	return true, err
 }
@@ -405,6 +444,7 @@ func (l *leaseConn) close() {
 	if l.c != nil {
 		l.c.Close()
 		l.c = nil
+		l.noWait = false
 	}
 }
 

@@ -271,6 +271,13 @@ const (
 // result.
 const qLentLockWait = `SET SESSION innodb_lock_wait_timeout = 1`
 
+// qLentNoWait makes the lease connection's statements not wait for row
+// locks while lock statements are lent it and a second's wait would not
+// fit in lendable (see leaseConn.useOpen); qLentLockWait sets the wait
+// back before a lease statement. MariaDB's (MySQL's least is 1). No
+// args, no result.
+const qLentNoWait = `SET SESSION innodb_lock_wait_timeout = 0`
+
 // qTablesPresent lists which of the six tables exist, so that NewSession
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is

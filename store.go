@@ -50,7 +50,11 @@ func newStore(ctx context.Context, db *sql.DB, q *queries, logger *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db, q: q, pool: sp.pool, leaseConn: ownLeaseConn(db), galera: sp.galera, waiters: sp.waiters, logger: logger}, nil
+	st := &store{db: db, q: q, pool: sp.pool, leaseConn: ownLeaseConn(db), galera: sp.galera, waiters: sp.waiters, logger: logger}
+	if st.leaseConn != nil {
+		st.leaseConn.noWaitOff = &st.noWaitOff
+	}
+	return st, nil
 }
 
 // releasePool releases the session's share of the shared pool, once.
@@ -168,6 +172,12 @@ type lentKey struct{}
 // (see leaseConn.useOpen).
 type noWaitKey struct{}
 
+// briefKey marks the ctx of a statement that waits a second at most for
+// a row lock whatever its connection's lock wait timeout (briefWaitSQL;
+// see execNoWaitN): the lease connection is not lent it when such a wait
+// would not fit in lendable (see leaseConn.useOpen).
+type briefKey struct{}
+
 // errLentCut is the error of a lock statement cut short on a connection
 // lent to it (after lentFor, or the lease connection's lendable) while
 // its caller's ctx had not ended: the network or the server stopped
@@ -194,15 +204,15 @@ const lateFor = 250 * time.Millisecond
 // acquisition is undone, a release retried in the background); a
 // statement cut short after most while ctx lasted returns errLentCut.
 // clean reports whether the connection may be used again: f's error did
-// not break it, and it was not cut short; after a success with the
-// detached ctx ended just after it (the driver may have closed the
-// connection all the same), only when alive says so.
+// not break it, and, when the detached ctx ended (the driver closes the
+// connection when it ends mid-statement, and may when it ends just after
+// one; a retry's back-off may have been cut instead), alive says so.
 func runDetached(ctx, stop context.Context, most time.Duration, alive func() bool, f func(context.Context) error) (err error, clean bool) {
 	dctx, cancel := detach(ctx, stop, most)
 	defer cancel()
 	err = f(dctx)
 	cut := dctx.Err() != nil
-	clean = !cut && connpool.Reusable(err) || err == nil && alive()
+	clean = connpool.Reusable(err) && (!cut || alive())
 	switch {
 	case ctx.Err() != nil:
 		err = ctx.Err()
@@ -269,8 +279,9 @@ func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.R
 
 // retryRolledBackN is retryRolledBack with at most lockWaits retries after a
 // lock wait timeout (1205), and none for a statement lent a connection
-// (lentKey): it returns the 1205, so that it holds the connection for one
-// lock wait (lentLockWait) at most.
+// (lentKey) that may wait for a row lock (not noWaitKey): it returns the
+// 1205, so that it holds the connection for one lock wait (lentLockWait)
+// at most.
 func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockWaits int) (sql.Result, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := run()
@@ -278,7 +289,7 @@ func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockW
 			return res, err
 		}
 		if isErrNo(err, errLockWaitTimeout) {
-			if lockWaits == 0 || ctx.Value(lentKey{}) != nil {
+			if lockWaits == 0 || ctx.Value(lentKey{}) != nil && ctx.Value(noWaitKey{}) == nil {
 				return res, err
 			}
 			lockWaits--
@@ -315,8 +326,13 @@ func (s *store) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockW
 	for {
 		stmt := s.noWait(plain, variant)
 		sctx := ctx
-		if stmt == variant && strings.HasPrefix(s.q.prepared[variant], noWaitSQL) {
-			sctx = context.WithValue(ctx, noWaitKey{}, true)
+		if stmt == variant {
+			switch sql := s.q.prepared[variant]; {
+			case strings.HasPrefix(sql, noWaitSQL):
+				sctx = context.WithValue(ctx, noWaitKey{}, true)
+			case strings.HasPrefix(sql, briefWaitSQL):
+				sctx = context.WithValue(ctx, briefKey{}, true)
+			}
 		}
 		res, err := s.execRetrying(sctx, stmt, lockWaits, args...)
 		if stmt == variant && s.noWaitRefused(err) {
