@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -226,9 +227,49 @@ func TestLeaseConnLentAtMaxConnections(t *testing.T) {
 			t.Fatalf("the session's pool keeps %d idle connections after 5s", dsync.PoolOpen(s))
 		}
 	}
-	// Take every connection the server has left, and, as other processes
-	// would, each one that a session lets go.
-	filler := dbtest.OpenDSN(t, srv.DSN("lent"))
+	fillServer(ctx, t, srv.DSN("lent"))
+	before := s.Stats().RenewalFailures
+	end := time.Now().Add(3 * time.Second)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			m := dsync.NewMutex(s, name)
+			for i := 0; time.Now().Before(end); i++ {
+				// Deadlines of 0.1 to 2ms: many end while a statement runs.
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(100+(i*7+g*13)%1900)*time.Microsecond)
+				if g%2 == 0 {
+					m.TryLock(cctx)
+				} else {
+					m.Lock(cctx)
+				}
+				cancel()
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	lent, cut := dsync.LeaseConnLent(s)
+	t.Logf("lock statements on the lease connection: %d, %d of them with the caller's deadline ended meanwhile", lent, cut)
+	if lent == 0 || cut == 0 {
+		t.Fatalf("the fault did not happen: lock statements on the lease connection %d, cut by the caller %d; want both above 0", lent, cut)
+	}
+	time.Sleep(time.Second) // renewals after the last cut
+	if got := s.Stats().RenewalFailures - before; got != 0 {
+		t.Errorf("RenewalFailures: got %d; want 0", got)
+	}
+	if err := s.Err(); err != nil {
+		t.Errorf("session: Err %v; want nil", err)
+	}
+}
+
+// fillServer takes every connection the server of dsn has left, and, as
+// other processes would, each one that a session lets go, until the test
+// ends.
+func fillServer(ctx context.Context, t *testing.T, dsn string) {
+	t.Helper()
+	filler := dbtest.OpenDSN(t, dsn)
 	var conns []*sql.Conn
 	fill := func() error {
 		for {
@@ -259,7 +300,7 @@ func TestLeaseConnLentAtMaxConnections(t *testing.T) {
 		}
 		filled <- err
 	}()
-	defer func() {
+	t.Cleanup(func() {
 		close(stopFill)
 		if err := <-filled; err != nil {
 			t.Error(err)
@@ -267,36 +308,95 @@ func TestLeaseConnLentAtMaxConnections(t *testing.T) {
 		for _, c := range conns {
 			c.Close()
 		}
-	}()
-	before := s.Stats().RenewalFailures
-	end := time.Now().Add(3 * time.Second)
-	done := make(chan struct{})
-	for g := range 4 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			m := dsync.NewMutex(s, name)
-			for i := 0; time.Now().Before(end); i++ {
-				// Deadlines of 0.1 to 2ms: many end while a statement runs.
-				cctx, cancel := context.WithTimeout(ctx, time.Duration(100+(i*7+g*13)%1900)*time.Microsecond)
-				if g%2 == 0 {
-					m.TryLock(cctx)
-				} else {
-					m.Lock(cctx)
-				}
-				cancel()
-			}
-		}()
+	})
+}
+
+// TestLentRowLockKeepsLeaseConn: on a server that refuses connections
+// (1040), a release lent the session's lease connection that meets a row
+// lock (a transaction holds the name's row) is ended by the server
+// (1205, the lease connection's lock wait timeout of a second), not cut
+// by the client, which closed the lease connection: the next renewal got
+// 1040 and the session was lost. It first checks that the release ran on
+// the lease connection (the doorbell's was busy with another release
+// behind the same transaction). Neither Unlock, given no deadline,
+// returns context.DeadlineExceeded. With a TTL of 9s the lease connection
+// waits a second for the row; with 3s (lendable 0.7s) it does not wait
+// while lent, and waits again for its renewals.
+func TestLentRowLockKeepsLeaseConn(t *testing.T) {
+	for _, ttl := range []time.Duration{9 * time.Second, 3 * time.Second} {
+		t.Run(ttl.String(), func(t *testing.T) { testLentRowLockKeepsLeaseConn(t, ttl) })
 	}
-	for range 4 {
-		<-done
+}
+
+func testLentRowLockKeepsLeaseConn(t *testing.T, ttl time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, admin := dedicatedServer(ctx, t, "--max-connections=20")
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE lent"); err != nil {
+		t.Fatal(err)
 	}
-	lent, cut := dsync.LeaseConnLent(s)
-	t.Logf("lock statements on the lease connection: %d, %d of them with the caller's deadline ended meanwhile", lent, cut)
-	if lent == 0 || cut == 0 {
-		t.Fatalf("the fault did not happen: lock statements on the lease connection %d, cut by the caller %d; want both above 0", lent, cut)
+	s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, srv.DSN("lent")), dsync.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // renewals after the last cut
-	if got := s.Stats().RenewalFailures - before; got != 0 {
+	t.Cleanup(func() { s.Close() })
+	base := lockName(t)
+	ma, mb, mc := dsync.NewMutex(s, base+"/a"), dsync.NewMutex(s, base+"/b"), dsync.NewMutex(s, base+"/c")
+	mustLock(t, ma, ctx)
+	mustLock(t, mb, ctx)
+	adb := dbtest.OpenDSN(t, srv.DSN("lent"))
+	adb.SetMaxOpenConns(1)
+	awaitBellOf(t, adb, s.ID())
+	for end := time.Now().Add(5 * time.Second); dsync.PoolOpen(s) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the session's pool keeps %d idle connections after 5s", dsync.PoolOpen(s))
+		}
+	}
+	tx, err := dbtest.OpenDSN(t, srv.DSN("lent")).BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, n := range []string{ma.Name(), mb.Name()} {
+		if _, err := tx.ExecContext(ctx, "SELECT name FROM dsync_lock WHERE name = ? FOR UPDATE", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fillServer(ctx, t, srv.DSN("lent"))
+	before := s.Stats()
+	ua, ub := make(chan error, 1), make(chan error, 1)
+	go func() { ua <- ma.Unlock(context.Background()) }() // on the doorbell connection
+	time.Sleep(100 * time.Millisecond)
+	lent0, _ := dsync.LeaseConnLent(s)
+	go func() { ub <- mb.Unlock(context.Background()) }() // on the lease connection
+	time.Sleep(100 * time.Millisecond)
+	lent1, _ := dsync.LeaseConnLent(s)
+	cctx, ccancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	tl := time.Now()
+	ok, err := mc.TryLock(cctx)
+	ccancel()
+	t.Logf("TryLock (20ms deadline) behind the release on the lease connection: %v, %v after %v", ok, err, time.Since(tl).Round(time.Millisecond))
+	if ok {
+		mc.Unlock(ctx)
+	}
+	errA, errB := <-ua, <-ub
+	t.Logf("Unlock a: %v; Unlock b: %v", errA, errB)
+	if lent1 == lent0 {
+		t.Fatalf("the fault did not happen: no lock statement ran on the lease connection (Unlock b: %v)", errB)
+	}
+	for _, err := range []error{errA, errB} {
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Unlock(context.Background()): %v; want no context.DeadlineExceeded", err)
+		}
+	}
+	// Two renewals after the release: the first one needs the lease
+	// connection back.
+	for end := time.Now().Add(10 * time.Second); s.Stats().Renewals < before.Renewals+2 && s.Err() == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("renewals: %d in 10s; want 2", s.Stats().Renewals-before.Renewals)
+		}
+	}
+	if got := s.Stats().RenewalFailures - before.RenewalFailures; got != 0 {
 		t.Errorf("RenewalFailures: got %d; want 0", got)
 	}
 	if err := s.Err(); err != nil {

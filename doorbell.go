@@ -316,6 +316,12 @@ func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Lock statements are lent c (see lend): a row lock must not keep
+	// one past lentFor.
+	if _, err := c.ExecContext(ctx, qLentLockWait); err != nil {
+		c.Close()
+		return nil, err
+	}
 	var took sql.NullInt64
 	err = b.store.query(ctx, c, sBellTake, []any{bellName(b.id, gen)}, &took)
 	if err == nil && took.Int64 != 1 {
@@ -367,8 +373,8 @@ const (
 
 // ringIn lends the doorbell's connection to a statement that may ring the
 // doorbell in itself (freeRinging): it prepares stmt there and calls run
-// with it, a ctx that ends with the session or after lentFor, not with
-// ctx (see runDetached), and the GET_LOCK names
+// with it, a ctx that ends with the session, after lentFor, or lateFor
+// after ctx ends (see detach), and the GET_LOCK names
 // of the next generation and the current one. It reports whether the
 // statement ran (see ringResult); false when it was not sent: the session
 // is ending or closing; ctx has ended; the doorbell is not taken, or its
@@ -431,7 +437,7 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 }
 
 // lend runs f, a lock statement of the session (see store.use), on the
-// doorbell's connection when it is free, under ctx, and reports whether
+// doorbell's connection when it is free, and reports whether
 // it ran it: not when the doorbell is not armed or taken, its connection
 // is in use (the goroutine, a ring, another statement) or was dropped by
 // the server while idle, or the session is ending. So a session keeps no
@@ -445,9 +451,11 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 // cut short after lentFor, or by the session's end) drops the
 // connection, and with it the doorbell: its waiters wake, find nothing
 // changed, and block on the next generation (see judge). A statement
-// that waits for a row lock (a release behind a LockTx transaction)
-// holds up the session's rings meanwhile, lentFor at most: they are sent
-// when it ends.
+// that meets a row lock (a release behind a LockTx transaction, or any
+// lock statement on MySQL) holds up the session's rings meanwhile: a
+// second at most, the connection's lock wait timeout (qLentLockWait),
+// after which the server ends it with 1205, which is not retried on the
+// connection (see retryRolledBackN), so the doorbell is kept.
 func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
 	if !b.armed.Load() || ctx.Err() != nil || b.stopped.Err() != nil || !b.mu.TryLock() {
 		return false, nil
@@ -460,7 +468,8 @@ func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.C
 		b.lose()
 		return false, nil
 	}
-	err, clean := runDetached(ctx, b.stopped, lentFor, func(ctx context.Context) error { return f(ctx, b.c) })
+	alive := func() bool { return b.c.Alive(context.Background()) }
+	err, clean := runDetached(ctx, b.stopped, lentFor, alive, func(ctx context.Context) error { return f(ctx, b.c) })
 	if !clean {
 		b.lose() // the driver may have closed it, or the statement may still run
 	}

@@ -142,7 +142,11 @@ func (l *lease) renewEvery() time.Duration { return min(l.ttl/3, maxRenewEvery) 
 // (see leaseConn.useOpen), so that a renewal it delays is still sent in
 // time: half of the time a renewal may come late (the lease holds for
 // TTL less the safety margin after a renewal was sent, and the next one
-// is due renewEvery after), and no more than lentFor.
+// is due renewEvery after), and no more than lentFor. A statement that
+// may wait for a row lock is lent the lease connection only when
+// lendable fits two such waits (see leaseConn.useOpen): a TTL of about
+// 8.1s or more; under it the lease connection does not wait for row locks
+// while lent.
 func (l *lease) lendable() time.Duration {
 	return min(lentFor, (l.ttl-l.safetyMargin()-l.renewEvery())/2)
 }
@@ -240,14 +244,22 @@ func (l *lease) renew(ctx context.Context) (sent time.Time, err error) {
 // the shared pool keeps for renewals instead, so that they do not take a
 // connection each of the caller's share.
 type leaseConn struct {
-	mu         sync.Mutex     // guards busy and leaseWaits
-	free       sync.Cond      // on mu: busy went false
-	busy       bool           // guarded by mu; c is in use: by start, the keep-alive goroutine, Close, or a lock statement (useOpen)
+	// slot holds a token while c is in use: by start, the keep-alive
+	// goroutine, Close, or a lock statement (useOpen).
+	slot       chan struct{}
+	mu         sync.Mutex     // guards leaseWaits and freed
 	leaseWaits int            // guarded by mu; lease statements waiting for c: lock statements wait behind them (see useOpen)
-	c          *connpool.Conn // used only by the one who set busy; nil: opened at the next use
+	freed      chan struct{}  // guarded by mu; closed when c is let go or leaseWaits drops (lock statements look again)
+	c          *connpool.Conn // used only by the one who holds the slot; nil: opened at the next use
 	// lendFor is the longest a lock statement may keep the connection
 	// (see useOpen); set by the session before its first statement.
 	lendFor time.Duration
+	// noWaitOff is the store's: the server refused the no-wait variants
+	// (MySQL), and takes no lock wait timeout of 0 (see useOpen).
+	noWaitOff *atomic.Bool
+	// noWait: c's lock wait timeout is 0 (qLentNoWait), not lentLockWait;
+	// used only by the one who holds the slot.
+	noWait bool
 	// lent counts the lock statements run on the connection, cut those
 	// of them whose caller's ctx ended meanwhile (for tests).
 	lent, cut atomic.Int64
@@ -259,79 +271,165 @@ func ownLeaseConn(db *sql.DB) *leaseConn {
 	if db.Stats().MaxOpenConnections != 0 {
 		return nil
 	}
-	l := &leaseConn{}
-	l.free.L = &l.mu
-	return l
+	return newLeaseConn()
 }
 
-// acquire waits until the connection is free, and takes it: a lease
-// statement (lease) before any lock statement waiting, so that a renewal
-// waits for one lock statement at most.
-func (l *leaseConn) acquire(lease bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// newLeaseConn returns a lease connection, not yet open.
+func newLeaseConn() *leaseConn {
+	return &leaseConn{slot: make(chan struct{}, 1), freed: make(chan struct{})}
+}
+
+// acquire waits until the connection is free, and takes it, or returns
+// ctx's error when ctx ends first: a lease statement (lease) before any
+// lock statement waiting, so that a renewal waits for one lock statement
+// at most.
+func (l *leaseConn) acquire(ctx context.Context, lease bool) error {
 	if lease {
+		l.mu.Lock()
 		l.leaseWaits++
-		defer func() { l.leaseWaits-- }()
+		l.mu.Unlock()
+		defer func() {
+			l.mu.Lock()
+			l.leaseWaits--
+			l.wakeLocked()
+			l.mu.Unlock()
+		}()
+		select {
+		case l.slot <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	for l.busy || !lease && l.leaseWaits > 0 {
-		l.free.Wait()
+	for {
+		l.mu.Lock()
+		if l.leaseWaits == 0 {
+			select {
+			case l.slot <- struct{}{}:
+				l.mu.Unlock()
+				return nil
+			default:
+			}
+		}
+		freed := l.freed
+		l.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
-	l.busy = true
+}
+
+// wakeLocked has the lock statements waiting look again (l.mu held).
+func (l *leaseConn) wakeLocked() {
+	close(l.freed)
+	l.freed = make(chan struct{})
 }
 
 // release gives the connection back.
 func (l *leaseConn) release() {
+	<-l.slot
 	l.mu.Lock()
-	l.busy = false
+	l.wakeLocked()
 	l.mu.Unlock()
-	l.free.Broadcast()
 }
 
-// use runs f on the connection, opened (and set up as p's are) when there
-// is none, and closes it when f's use did not end cleanly.
+// use runs f on the connection, opened (and set up as p's are, with a
+// lock wait timeout of lentLockWait: see qLentLockWait) when there is
+// none, and closes it when f's use did not end cleanly.
 func (l *leaseConn) use(ctx context.Context, p *connpool.Pool, f func(context.Context, *connpool.Conn) error) error {
-	l.acquire(true)
+	if err := l.acquire(ctx, true); err != nil {
+		return err
+	}
 	defer l.release()
 	if l.c == nil {
 		c, err := p.Dedicated(ctx)
+		if err == nil {
+			if _, err = c.ExecContext(ctx, qLentLockWait); err != nil {
+				c.Close()
+			}
+		}
 		if err != nil {
 			return err
 		}
 		l.c = c
 	}
-	err := f(ctx, l.c)
+	var err error
+	if l.noWait {
+		// Lock statements were lent it meanwhile (see useOpen).
+		if _, err = l.c.ExecContext(ctx, qLentLockWait); err == nil {
+			l.noWait = false
+		}
+	}
+	if err == nil {
+		err = f(ctx, l.c)
+	}
 	if ctx.Err() != nil || !connpool.Reusable(err) {
 		l.c.Close() // the driver may have closed it, or a statement may still run on it
 		l.c = nil
+		l.noWait = false
 	}
 	return err
 }
 
 // useOpen runs f, a lock statement, on the connection when it is open
 // (it opens none), after the lease statements waiting for it, and
-// reports whether it ran f; l may be nil. f runs under a ctx detached
-// from ctx (see runDetached), ended by stop, or lendFor after it started
-// or shortly after ctx ended: a caller's ctx that ends mid-statement does
-// not close the connection, which the next renewal would have to open
-// again, on a server that refuses connections.
+// reports whether it ran f, or waited for the connection until ctx
+// ended; l may be nil. f runs under a ctx detached from ctx (see
+// runDetached), ended by stop, or lendFor after it started or lateFor
+// after ctx ended: a caller's ctx that ends mid-statement does not close
+// the connection, which the next renewal would have to open again, on a
+// server that refuses connections. Nor does a row lock: the server ends
+// f's wait for one, and f does not run again after it (see
+// retryRolledBackN). The connection waits lentLockWait at most
+// (qLentLockWait) when that wait fits in lendFor twice over (room for a
+// second statement of f, and for the driver and the network); when it
+// does not (a TTL under about 8s), it does not wait at all while lent
+// (qLentNoWait), and is not lent a statement that waits a second
+// whatever the connection's setting (briefKey), nor, on a server that
+// takes no wait of 0 (MySQL), one that may wait; useOpen reports then
+// that it did not run f, and the caller gets the server's refusal
+// (1040), as when the connection is closed.
 func (l *leaseConn) useOpen(ctx, stop context.Context, f func(context.Context, *connpool.Conn) error) (bool, error) {
 	if l == nil {
 		return false, nil
 	}
-	l.acquire(false)
+	short := l.lendFor < 2*lentLockWait+lateFor && ctx.Value(noWaitKey{}) == nil
+	if short && (ctx.Value(briefKey{}) != nil || l.noWaitOff != nil && l.noWaitOff.Load()) {
+		return false, nil
+	}
+	if err := l.acquire(ctx, false); err != nil {
+		return true, err
+	}
 	defer l.release()
 	if l.c == nil {
 		return false, nil
 	}
+	if err := ctx.Err(); err != nil {
+		return true, err // not sent: the caller gave up meanwhile
+	}
 	l.lent.Add(1)
-	err, clean := runDetached(ctx, stop, l.lendFor, func(ctx context.Context) error { return f(ctx, l.c) })
+	alive := func() bool { return l.c.Alive(context.Background()) }
+	err, clean := runDetached(ctx, stop, l.lendFor, alive, func(ctx context.Context) error {
+		if short {
+			if !l.noWait {
+				if _, err := l.c.ExecContext(ctx, qLentNoWait); err != nil {
+					return err
+				}
+				l.noWait = true
+			}
+			ctx = context.WithValue(ctx, noWaitKey{}, true) // 1205 is retried (retryRolledBackN)
+		}
+		return f(ctx, l.c)
+	})
 	if ctx.Err() != nil {
 		l.cut.Add(1)
 	}
 	if !clean {
 		l.c.Close() // the driver may have closed it, or a statement may still run on it
 		l.c = nil
+		l.noWait = false
 	}
 	return true, err
 }
@@ -341,10 +439,19 @@ func (l *leaseConn) close() {
 	if l == nil {
 		return
 	}
-	l.acquire(true)
+	l.acquire(context.Background(), true)
 	defer l.release()
 	if l.c != nil {
 		l.c.Close()
 		l.c = nil
+		l.noWait = false
 	}
+}
+
+// waiting returns how many lease statements wait for the connection (for
+// tests).
+func (l *leaseConn) waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leaseWaits
 }

@@ -262,6 +262,22 @@ const (
 	qReadCommitted = `SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED`
 )
 
+// qLentLockWait pins a lock wait timeout of a second (lentLockWait) on
+// the connections that a session lends its lock statements (its doorbell
+// connection, its lease connection): a lent statement that meets a row
+// lock (a LockTx transaction's, a foreign one) is ended by the server
+// with 1205 within a second and leaves the connection open, instead of
+// being cut by the client, which closes it (see runDetached). No args, no
+// result.
+const qLentLockWait = `SET SESSION innodb_lock_wait_timeout = 1`
+
+// qLentNoWait makes the lease connection's statements not wait for row
+// locks while lock statements are lent it and a second's wait would not
+// fit in lendable (see leaseConn.useOpen); qLentLockWait sets the wait
+// back before a lease statement. MariaDB's (MySQL's least is 1). No
+// args, no result.
+const qLentNoWait = `SET SESSION innodb_lock_wait_timeout = 0`
+
 // qTablesPresent lists which of the six tables exist, so that NewSession
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is

@@ -3,8 +3,11 @@ package dsync
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +50,11 @@ func newStore(ctx context.Context, db *sql.DB, q *queries, logger *slog.Logger) 
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db, q: q, pool: sp.pool, leaseConn: ownLeaseConn(db), galera: sp.galera, waiters: sp.waiters, logger: logger}, nil
+	st := &store{db: db, q: q, pool: sp.pool, leaseConn: ownLeaseConn(db), galera: sp.galera, waiters: sp.waiters, logger: logger}
+	if st.leaseConn != nil {
+		st.leaseConn.noWaitOff = &st.noWaitOff
+	}
+	return st, nil
 }
 
 // releasePool releases the session's share of the shared pool, once.
@@ -141,12 +148,41 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 }
 
 // lentFor bounds a lock statement lent a connection that must outlive its
-// caller's ctx (see runDetached): the session's doorbell connection.
-// It is longer than any statement that does not wait for a transaction
-// (a statement that does gives up after innodb_lock_wait_timeout, 5s):
-// only a statement that met a row lock and is retried is cut short, and
-// its connection dropped.
+// caller's ctx (see runDetached): the session's doorbell connection (the
+// lease connection's bound is lendable, no longer). A lent connection
+// waits lentLockWait at most for a row lock (qLentLockWait), and a lent
+// statement does not run again after a lock wait timeout (see
+// retryRolledBackN): so it ends on the server well within lentFor, and
+// is cut short (its connection dropped) only when the network or the
+// server stopped answering.
 const lentFor = 6 * time.Second
+
+// lentLockWait is the lock wait timeout of the connections a session
+// lends (qLentLockWait).
+const lentLockWait = time.Second
+
+// lentKey marks the ctx of a statement lent a connection (see detach): it
+// does not run again after a lock wait timeout (see retryRolledBackN), and
+// its caller's loop handles the 1205 as a row held by a transaction.
+type lentKey struct{}
+
+// noWaitKey marks the ctx of a statement that does not wait for row locks
+// (a no-wait variant; see execNoWaitN): the lease connection is lent to
+// such a statement even when a row lock wait would not fit in lendable
+// (see leaseConn.useOpen).
+type noWaitKey struct{}
+
+// briefKey marks the ctx of a statement that waits a second at most for
+// a row lock whatever its connection's lock wait timeout (briefWaitSQL;
+// see execNoWaitN): the lease connection is not lent it when such a wait
+// would not fit in lendable (see leaseConn.useOpen).
+type briefKey struct{}
+
+// errLentCut is the error of a lock statement cut short on a connection
+// lent to it (after lentFor, or the lease connection's lendable) while
+// its caller's ctx had not ended: the network or the server stopped
+// answering.
+var errLentCut = errors.New("dsync: lock statement cut short on a connection lent to it")
 
 // lateFor is how long such a statement may run on after its caller's ctx
 // ended: far longer than a statement takes that does not wait for a row
@@ -165,26 +201,32 @@ const lateFor = 250 * time.Millisecond
 // (which the next renewal would have to open again, on a server that may
 // refuse connections). The caller gets ctx's error when ctx ended
 // meanwhile, and handles it as after a statement cut short (an
-// acquisition is undone, a release retried in the background); clean
-// reports whether the connection may be used again: f's error did not
-// break it, and it was not cut short.
-func runDetached(ctx, stop context.Context, most time.Duration, f func(context.Context) error) (err error, clean bool) {
+// acquisition is undone, a release retried in the background); a
+// statement cut short after most while ctx lasted returns errLentCut.
+// clean reports whether the connection may be used again: f's error did
+// not break it, and, when the detached ctx ended (the driver closes the
+// connection when it ends mid-statement, and may when it ends just after
+// one; a retry's back-off may have been cut instead), alive says so.
+func runDetached(ctx, stop context.Context, most time.Duration, alive func() bool, f func(context.Context) error) (err error, clean bool) {
 	dctx, cancel := detach(ctx, stop, most)
 	defer cancel()
 	err = f(dctx)
-	// A statement that ended well leaves the connection fit, even when
-	// dctx ended just after it; a failure may come from dctx's end.
-	clean = err == nil || dctx.Err() == nil && connpool.Reusable(err)
-	if cerr := ctx.Err(); cerr != nil {
-		err = cerr
+	cut := dctx.Err() != nil
+	clean = connpool.Reusable(err) && (!cut || alive())
+	switch {
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	case cut && err != nil:
+		err = fmt.Errorf("%w after %v: %v", errLentCut, most, err)
 	}
 	return err, clean
 }
 
-// detach returns a ctx with ctx's values that ends when stop does, after
-// most, or lateFor after ctx ended (see runDetached), and its cancel.
+// detach returns a ctx with ctx's values, marked as lent (lentKey), that
+// ends when stop does, after most, or lateFor after ctx ended (see
+// runDetached), and its cancel.
 func detach(ctx, stop context.Context, most time.Duration) (context.Context, context.CancelFunc) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), most)
+	dctx, cancel := context.WithTimeout(context.WithValue(context.WithoutCancel(ctx), lentKey{}, true), most)
 	unhookStop := context.AfterFunc(stop, cancel)
 	// The timer is left to fire after cancel: it cancels dctx again.
 	unhookCtx := context.AfterFunc(ctx, func() { time.AfterFunc(lateFor, cancel) })
@@ -236,7 +278,10 @@ func retryRolledBack(ctx context.Context, run func() (sql.Result, error)) (sql.R
 }
 
 // retryRolledBackN is retryRolledBack with at most lockWaits retries after a
-// lock wait timeout (1205).
+// lock wait timeout (1205), and none for a statement lent a connection
+// (lentKey) that may wait for a row lock (not noWaitKey): it returns the
+// 1205, so that it holds the connection for one lock wait (lentLockWait)
+// at most.
 func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockWaits int) (sql.Result, error) {
 	for attempt := 0; ; attempt++ {
 		res, err := run()
@@ -244,7 +289,7 @@ func retryRolledBackN(ctx context.Context, run func() (sql.Result, error), lockW
 			return res, err
 		}
 		if isErrNo(err, errLockWaitTimeout) {
-			if lockWaits == 0 {
+			if lockWaits == 0 || ctx.Value(lentKey{}) != nil && ctx.Value(noWaitKey{}) == nil {
 				return res, err
 			}
 			lockWaits--
@@ -280,7 +325,16 @@ func (s *store) execNoWait(ctx context.Context, plain, variant stmtIndex, args .
 func (s *store) execNoWaitN(ctx context.Context, plain, variant stmtIndex, lockWaits int, args ...any) (sql.Result, error) {
 	for {
 		stmt := s.noWait(plain, variant)
-		res, err := s.execRetrying(ctx, stmt, lockWaits, args...)
+		sctx := ctx
+		if stmt == variant {
+			switch sql := s.q.prepared[variant]; {
+			case strings.HasPrefix(sql, noWaitSQL):
+				sctx = context.WithValue(ctx, noWaitKey{}, true)
+			case strings.HasPrefix(sql, briefWaitSQL):
+				sctx = context.WithValue(ctx, briefKey{}, true)
+			}
+		}
+		res, err := s.execRetrying(sctx, stmt, lockWaits, args...)
 		if stmt == variant && s.noWaitRefused(err) {
 			continue // the plain statement, from now on
 		}
