@@ -14,7 +14,7 @@ GO ?= go
 # waiting): make test, with the current Go, has run them.
 OLDEST_GO ?= go1.24.13
 
-.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera torture
+.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera torture mutants
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -41,6 +41,13 @@ SEED ?= 0
 torture: mariadb
 	$(GO) test -race -count=1 -timeout 0 -run '^TestTorture$$' -v ./internal/torture/ \
 		-torture.duration=$(DURATION) -torture.seed=$(SEED) $(TORTURE_FLAGS)
+
+# The checker's power: each mutant of internal/torture/mutants (one defect
+# fixed earlier, re-introduced in a temporary copy of the tree) under a
+# torture run of DURATION (default 30s here) with SEED (default 1).
+mutants: mariadb
+	DURATION=$(if $(filter command line environment,$(origin DURATION)),$(DURATION),30s) \
+		SEED=$(if $(filter command line environment,$(origin SEED)),$(SEED),1) GO='$(GO)' bash scripts/mutants.sh
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .

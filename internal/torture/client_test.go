@@ -198,10 +198,17 @@ func (c *client) work(g int) {
 
 // held runs the work of a hold: a few checks that the session still holds
 // (Session.Err), and, for an exclusive hold with a fence, writes of the
-// fenced register. It returns false once a check failed.
+// fenced register. One hold in six is long (up to two TTLs, checked every
+// 50-150 ms), so that some holds span a fault: the checks then tell
+// whether the session knew of the loss of its lease before the database
+// let another session take the lock. It returns false once a check failed.
 func (c *client) held(g int, rng *rand.Rand, s *dsync.Session, name string, shared bool, fence int64) bool {
-	for range 1 + rng.IntN(3) {
-		time.Sleep(time.Duration(rng.IntN(60)) * time.Millisecond)
+	checks, gap := 1+rng.IntN(3), 60
+	if rng.IntN(6) == 0 {
+		checks, gap = 2+rng.IntN(int(2*c.ttl/(100*time.Millisecond))), 150
+	}
+	for range checks {
+		time.Sleep(time.Duration(gap/3+rng.IntN(gap*2/3)) * time.Millisecond)
 		id := c.rec.call(g, Event{Op: opCheck, Name: name})
 		err := s.Err()
 		c.rec.ret(g, id, result(Event{Op: opCheck, Name: name}, err))
@@ -317,7 +324,10 @@ func (c *client) fairLock(g int, rng *rand.Rand, base context.Context, owner boo
 }
 
 // lookForTicket records, until stop, the ticket the session's waiter holds
-// for name, every 15 ms, for the FairMutex order check.
+// for name, every 15 ms, for the FairMutex order check. It reads
+// dsync_ticket, whose rows are documented in docs/OPERATIONS.md (dsync ls
+// reads them too); if a later schema changes them, the look finds nothing
+// and the order check has no tickets to compare.
 func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan struct{}) {
 	t := time.NewTicker(15 * time.Millisecond)
 	defer t.Stop()
@@ -329,12 +339,14 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 		}
 		call := now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		var seq int64
-		err := c.regDB.QueryRowContext(ctx, "SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&seq)
+		seqs, err := c.tickets(ctx, name, s.ID())
 		cancel()
-		if err != nil {
+		if err != nil || len(seqs) != 1 {
+			// None yet, or a ticket a fault left behind beside this call's:
+			// which is whose is not known.
 			continue
 		}
+		seq := seqs[0]
 		c.rec.mu.Lock()
 		c.rec.next++
 		id := c.rec.next
@@ -342,6 +354,24 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 		c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
 		c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seq, Res: "ok"})
 	}
+}
+
+// tickets returns the numbers of the tickets the session holds for name.
+func (c *client) tickets(ctx context.Context, name string, sess int64) ([]int64, error) {
+	rows, err := c.regDB.QueryContext(ctx, "SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?", name, sess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, err
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs, rows.Err()
 }
 
 func (c *client) rLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session) {

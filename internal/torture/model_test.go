@@ -287,7 +287,7 @@ func (b *builder) walk(k clientKey, evs []Event) {
 			if r.Fence != 0 {
 				s += fmt.Sprintf(" fence %d", r.Fence)
 			}
-			if e.Fence != 0 {
+			if e.Fence != 0 && r.Fence == 0 {
 				s += fmt.Sprintf(" fence %d", e.Fence)
 			}
 			if r.Err != "" {
@@ -405,7 +405,7 @@ func (b *builder) walk(k clientKey, evs []Event) {
 				endHold(h, call.TS, b.bound(pi, h.sess, call.TS), d)
 			case e.Res == "ok":
 				if call.Op == opCommit && w != nil && w.Res == "landed" {
-					b.add(call.Name, call.TS, e.TS, c, mop{Kind: kWrite, Client: c, Group: h.group, Fence: w.Fence, Landed: true, Desc: desc(*w, nil) + " (committed)"})
+					b.add(call.Name, call.TS, e.TS, c, mop{Kind: kWrite, Client: c, Group: h.group, Fence: w.Fence, Landed: true, Desc: fmt.Sprintf("p%d.%d g%d write %s fence %d, landed in the transaction (committed)", k.proc, k.inc, k.g, w.Name, w.Fence)})
 				}
 				endHold(h, call.TS, e.TS, d)
 			default:
@@ -453,6 +453,7 @@ type anomaly struct {
 	text   string // the smallest illegal sub-history, or the FIFO pair
 	info   porcupine.LinearizationInfo
 	ops    []porcupine.Operation
+	first  int64 // the call time of the earliest operation of text
 }
 
 // check checks every partition and the FairMutex order, and returns the
@@ -471,7 +472,8 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 		case porcupine.Unknown:
 			timedOut = append(timedOut, n)
 		default:
-			anomalies = append(anomalies, anomaly{name: n, result: res, text: smallest(ops, t0), info: info, ops: ops})
+			text, first := smallest(ops, t0)
+			anomalies = append(anomalies, anomaly{name: n, result: res, text: text, info: info, ops: ops, first: first})
 		}
 	}
 	anomalies = append(anomalies, b.checkFIFO()...)
@@ -481,11 +483,12 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 // smallest cuts an illegal history down to a small illegal sub-history:
 // it drops whole holds (an acquire with its checks, writes and release)
 // and lone writes, in halves, then quarters, down to one at a time, as
-// long as what is left stays illegal. Dropping a hold never makes a legal
+// long as what is left stays illegal, then single checks and refused
+// writes. Dropping a hold never makes a legal
 // history illegal, but for a refused write whose refusal the dropped hold's
 // write explained: the result is a diagnosis; the verdict is the whole
 // partition's. Times are seconds since t0.
-func smallest(ops []porcupine.Operation, t0 int64) string {
+func smallest(ops []porcupine.Operation, t0 int64) (string, int64) {
 	groups := map[int][]porcupine.Operation{}
 	var ids []int
 	for _, o := range ops {
@@ -520,7 +523,27 @@ func smallest(ops []porcupine.Operation, t0 int64) string {
 	for _, g := range ids {
 		h = append(h, groups[g]...)
 	}
+	// Then single checks and refused writes, whose removal only makes a
+	// history easier to order.
+	for i := 0; i < len(h); {
+		o := h[i].Input.(mop)
+		// A check whose call opens its hold's release is kept: it is why
+		// the release cannot come sooner.
+		opens := slices.ContainsFunc(h, func(r porcupine.Operation) bool {
+			ro := r.Input.(mop)
+			return ro.Kind == kRelease && ro.Group == o.Group && r.Call == h[i].Call
+		})
+		if (o.Kind == kCheck && !opens) || (o.Kind == kWrite && !o.Landed) {
+			rest := append(slices.Clone(h[:i]), h[i+1:]...)
+			if porcupine.CheckOperationsTimeout(lockModel, rest, 5*time.Second) == porcupine.Illegal {
+				h = rest
+				continue
+			}
+		}
+		i++
+	}
 	sort.SliceStable(h, func(i, j int) bool { return h[i].Call < h[j].Call })
+	first := h[0].Call
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d of its %d operations are illegal on their own (seconds since the start; never: may take effect at any later time):\n", len(h), len(ops))
 	for _, o := range h {
@@ -530,7 +553,7 @@ func smallest(ops []porcupine.Operation, t0 int64) string {
 		}
 		fmt.Fprintf(&b, "  [%11.6f, %s] %-7s %s\n", float64(o.Call-t0)/1e9, ret, o.Input.(mop).Kind, o.Input.(mop).Desc)
 	}
-	return b.String()
+	return b.String(), first
 }
 
 // checkFIFO checks what FairMutex promises about order: a waiter's ticket
@@ -557,7 +580,7 @@ func (b *builder) checkFIFO() []anomaly {
 					}
 					for _, tB := range bb.tickets {
 						if tB.seq > tA.seq {
-							out = append(out, anomaly{name: name, result: porcupine.Illegal, text: fmt.Sprintf(
+							out = append(out, anomaly{name: name, result: porcupine.Illegal, first: bb.ret, text: fmt.Sprintf(
 								"FairMutex order: client %d's Lock (ticket %d) returned at %d, while client %d's earlier ticket %d was seen waiting at %d (its Lock returned nil at %d)",
 								bb.client, tB.seq, bb.ret, a.client, tA.seq, tA.at, a.ret)})
 							break

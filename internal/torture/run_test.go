@@ -296,9 +296,12 @@ func run(t *testing.T, cfg config) {
 		for _, f := range plan {
 			fmt.Fprintf(&sb, "  %v\n", f)
 		}
+		first := int64(never)
 		for _, a := range anomalies {
 			fmt.Fprintf(&sb, "lock %q: %s\n%s\n", a.name, a.result, a.text)
+			first = min(first, a.first)
 		}
+		fmt.Fprintf(&sb, "torture: first anomaly at %.3fs\n", float64(first-h.start)/1e9)
 		t.Error(sb.String())
 	}
 }
