@@ -264,63 +264,69 @@ func (c *client) unlock(g int, rng *rand.Rand, base context.Context, op, name st
 	c.rec.ret(g, id, result(Event{Op: op, Name: name}, err))
 }
 
-func (c *client) mutexLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session, try bool) {
-	name := mutexNames[rng.IntN(len(mutexNames))]
-	m := dsync.NewMutex(s, name)
-	op := opLock
-	if try {
-		op = opTryLock
-	}
-	ctx, cancel := deadline(rng, base, 20*time.Millisecond, 2*time.Second)
-	id := c.rec.call(g, Event{Op: op, Name: name, Owner: owner})
-	var err error
-	ok := true
-	if try {
-		ok, err = m.TryLock(ctx)
-	} else {
-		err = m.Lock(ctx)
-	}
+// lockCalls is one way to take a lock: an acquisition, the fence of the
+// hold, and its release.
+type lockCalls struct {
+	op, name string
+	shared   bool                                // a read hold: no fence, no register writes
+	lock     func(context.Context) (bool, error) // false, nil: not taken (TryLock)
+	fence    func() int64                        // nil for a read hold
+	unlockOp string
+	unlock   func(context.Context) error
+}
+
+// lockAndHold runs one acquisition with a deadline between min and max,
+// and when it took the lock, the hold's work (held) and the release.
+func (c *client) lockAndHold(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session, min, max time.Duration, l lockCalls) {
+	ctx, cancel := deadline(rng, base, min, max)
+	id := c.rec.call(g, Event{Op: l.op, Name: l.name, Owner: owner})
+	ok, err := l.lock(ctx)
 	cancel()
-	e := result(Event{Op: op, Name: name, Sess: s.ID()}, err)
+	e := result(Event{Op: l.op, Name: l.name, Sess: s.ID()}, err)
 	if err == nil && !ok {
 		e.Res = "fail"
 	}
-	if e.Res == "ok" {
-		e.Fence = m.Fence()
+	if e.Res == "ok" && l.fence != nil {
+		e.Fence = l.fence()
 	}
 	c.rec.ret(g, id, e)
 	if e.Res != "ok" {
 		return
 	}
-	c.held(g, rng, s, name, false, e.Fence)
-	c.unlock(g, rng, base, opUnlock, name, owner, m.Unlock)
+	c.held(g, rng, s, l.name, l.shared, e.Fence)
+	c.unlock(g, rng, base, l.unlockOp, l.name, owner, l.unlock)
 }
 
+func (c *client) mutexLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session, try bool) {
+	name := mutexNames[rng.IntN(len(mutexNames))]
+	m := dsync.NewMutex(s, name)
+	l := lockCalls{op: opLock, name: name, fence: m.Fence, unlockOp: opUnlock, unlock: m.Unlock,
+		lock: func(ctx context.Context) (bool, error) { return true, m.Lock(ctx) }}
+	if try {
+		l.op, l.lock = opTryLock, m.TryLock
+	}
+	c.lockAndHold(g, rng, base, owner, s, 20*time.Millisecond, 2*time.Second, l)
+}
+
+// fairLock takes a FairMutex, looking for its waiter's ticket meanwhile.
 func (c *client) fairLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session) {
 	name := fairName(g)
 	m := dsync.NewFairMutex(s, name)
-	ctx, cancel := deadline(rng, base, 50*time.Millisecond, 3*time.Second)
-	id := c.rec.call(g, Event{Op: opFairLock, Name: name, Owner: owner})
-	stop := make(chan struct{})
-	looked := make(chan struct{})
-	go func() {
-		defer close(looked)
-		c.lookForTicket(g, s, name, stop)
-	}()
-	err := m.Lock(ctx)
-	cancel()
-	close(stop)
-	<-looked
-	e := result(Event{Op: opFairLock, Name: name, Sess: s.ID()}, err)
-	if err == nil {
-		e.Fence = m.Fence()
-	}
-	c.rec.ret(g, id, e)
-	if err != nil {
-		return
-	}
-	c.held(g, rng, s, name, false, e.Fence)
-	c.unlock(g, rng, base, opUnlock, name, owner, m.Unlock)
+	c.lockAndHold(g, rng, base, owner, s, 50*time.Millisecond, 3*time.Second, lockCalls{
+		op: opFairLock, name: name, fence: m.Fence, unlockOp: opUnlock, unlock: m.Unlock,
+		lock: func(ctx context.Context) (bool, error) {
+			stop := make(chan struct{})
+			looked := make(chan struct{})
+			go func() {
+				defer close(looked)
+				c.lookForTicket(g, s, name, stop)
+			}()
+			err := m.Lock(ctx)
+			close(stop)
+			<-looked
+			return true, err
+		},
+	})
 }
 
 // lookForTicket records, until stop, the ticket the session's waiter holds
@@ -376,34 +382,18 @@ func (c *client) tickets(ctx context.Context, name string, sess int64) ([]int64,
 
 func (c *client) rLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session) {
 	rw := dsync.NewRWMutex(s, rwName)
-	ctx, cancel := deadline(rng, base, 20*time.Millisecond, 2*time.Second)
-	id := c.rec.call(g, Event{Op: opRLock, Name: rwName, Owner: owner})
-	err := rw.RLock(ctx)
-	cancel()
-	c.rec.ret(g, id, result(Event{Op: opRLock, Name: rwName, Sess: s.ID()}, err))
-	if err != nil {
-		return
-	}
-	c.held(g, rng, s, rwName, true, 0)
-	c.unlock(g, rng, base, opRUnlock, rwName, owner, rw.RUnlock)
+	c.lockAndHold(g, rng, base, owner, s, 20*time.Millisecond, 2*time.Second, lockCalls{
+		op: opRLock, name: rwName, shared: true, unlockOp: opRUnlock, unlock: rw.RUnlock,
+		lock: func(ctx context.Context) (bool, error) { return true, rw.RLock(ctx) },
+	})
 }
 
 func (c *client) wLock(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session) {
 	rw := dsync.NewRWMutex(s, rwName)
-	ctx, cancel := deadline(rng, base, 20*time.Millisecond, 2*time.Second)
-	id := c.rec.call(g, Event{Op: opWLock, Name: rwName, Owner: owner})
-	err := rw.Lock(ctx)
-	cancel()
-	e := result(Event{Op: opWLock, Name: rwName, Sess: s.ID()}, err)
-	if err == nil {
-		e.Fence = rw.Fence()
-	}
-	c.rec.ret(g, id, e)
-	if err != nil {
-		return
-	}
-	c.held(g, rng, s, rwName, false, e.Fence)
-	c.unlock(g, rng, base, opUnlock, rwName, owner, rw.Unlock)
+	c.lockAndHold(g, rng, base, owner, s, 20*time.Millisecond, 2*time.Second, lockCalls{
+		op: opWLock, name: rwName, fence: rw.Fence, unlockOp: opUnlock, unlock: rw.Unlock,
+		lock: func(ctx context.Context) (bool, error) { return true, rw.Lock(ctx) },
+	})
 }
 
 // lockTx takes a Mutex for a new transaction, writes the register in it,
