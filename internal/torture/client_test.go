@@ -95,9 +95,7 @@ func runClient() int {
 	c.sessions()
 	wg.Wait()
 	if s := c.current(); s != nil {
-		id := c.rec.call(-1, Event{Op: opClose, Sess: s.ID()})
-		err := s.Close()
-		c.rec.ret(-1, id, result(Event{Op: opClose, Sess: s.ID()}, err))
+		c.close(s)
 	}
 	return 0
 }
@@ -116,25 +114,32 @@ func (c *client) rng(g int) *rand.Rand {
 }
 
 // sessions opens a session, keeps it for a random while (or until it is
-// lost), closes it, and opens the next, until the end.
+// lost), closes it, and opens the next, until the end. Half the sessions
+// are made WithReplaceLostLease: those are kept when a lease is lost, and
+// replace it.
 func (c *client) sessions() {
 	rng := c.rng(-1)
 	for now() < c.until {
-		id := c.rec.call(-1, Event{Op: opOpen})
+		replace := rng.IntN(2) == 0
+		opts := []dsync.Option{dsync.WithTTL(c.ttl), dsync.WithLabel(fmt.Sprintf("torture-p%d.%d", c.rec.proc, c.rec.inc))}
+		if replace {
+			opts = append(opts, dsync.WithReplaceLostLease())
+		}
+		id := c.rec.call(-1, Event{Op: opOpen, Owner: replace})
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		s, err := dsync.NewSession(ctx, c.db, dsync.WithTTL(c.ttl),
-			dsync.WithLabel(fmt.Sprintf("torture-p%d.%d", c.rec.proc, c.rec.inc)))
+		s, err := dsync.NewSession(ctx, c.db, opts...)
 		cancel()
 		if err != nil {
 			c.rec.ret(-1, id, result(Event{Op: opOpen}, err))
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
-		sid := s.ID()
-		c.rec.ret(-1, id, Event{Op: opOpen, Res: "ok", Sess: sid})
+		c.rec.ret(-1, id, Event{Op: opOpen, Res: "ok", Sess: s.ID()})
+		closed := make(chan struct{})
+		watched := make(chan struct{})
 		go func() {
-			<-s.Done()
-			c.rec.event(-1, Event{Op: opDone, Sess: sid, Err: fmt.Sprint(s.Err())})
+			defer close(watched)
+			c.watch(s, replace, closed)
 		}()
 		c.mu.Lock()
 		c.sess = s
@@ -146,16 +151,61 @@ func (c *client) sessions() {
 			<-time.After(left)
 			return
 		}
+		lost := s.Done()
+		if replace {
+			lost = nil
+		}
 		select {
 		case <-time.After(epoch):
-		case <-s.Done():
+		case <-lost:
 		}
 		c.mu.Lock()
 		c.sess = nil
 		c.mu.Unlock()
-		id = c.rec.call(-1, Event{Op: opClose, Sess: sid})
-		err = s.Close()
-		c.rec.ret(-1, id, result(Event{Op: opClose, Sess: sid}, err))
+		c.close(s)
+		close(closed)
+		<-watched
+	}
+}
+
+// close closes s and records it, with the lease ids it had before and
+// after (a lease replaced meanwhile is ended by Close too).
+func (c *client) close(s *dsync.Session) {
+	before := s.ID()
+	id := c.rec.call(-1, Event{Op: opClose, Sess: before})
+	err := s.Close()
+	c.rec.ret(-1, id, result(Event{Op: opClose, Sess: before}, err))
+	if after := s.ID(); after != before && err == nil {
+		c.rec.event(-1, Event{Op: opClose, Sess: after, Res: "ok"})
+	}
+}
+
+// watch records each lease of s ending (Done closed), until closed; with
+// replace, it goes on with the next lease.
+func (c *client) watch(s *dsync.Session, replace bool, closed <-chan struct{}) {
+	for {
+		id := s.ID()
+		done := s.Done()
+		if s.ID() != id {
+			continue // replaced between the two reads
+		}
+		select {
+		case <-done:
+			c.rec.event(-1, Event{Op: opDone, Sess: id, Err: fmt.Sprint(s.Err())})
+		case <-closed:
+			return
+		}
+		if !replace {
+			<-closed
+			return
+		}
+		for s.ID() == id {
+			select {
+			case <-closed:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
 	}
 }
 
@@ -345,7 +395,8 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 		}
 		call := now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		seqs, err := c.tickets(ctx, name, s.ID())
+		sess := s.ID()
+		seqs, err := c.tickets(ctx, name, sess)
 		cancel()
 		if err != nil || len(seqs) != 1 {
 			// None yet, or a ticket a fault left behind beside this call's:
@@ -358,7 +409,7 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 		id := c.rec.next
 		c.rec.mu.Unlock()
 		c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
-		c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seq, Res: "ok"})
+		c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seq, Sess: sess, Res: "ok"})
 	}
 }
 

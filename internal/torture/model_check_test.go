@@ -81,9 +81,9 @@ func TestModel(t *testing.T) {
 			ev(2, 0, 1, 5, opWLock, "rw", "ok", 9, 3), ev(2, 0, 2, 40, opUnlock, "rw", "ok", 0, 0),
 		), nil, "rw"},
 		{"FairMutex: a later ticket granted while an earlier one waits", history(
-			ev(0, 0, 1, 0, opFairLock, "f", "", 0, 0)[:1], ev(0, 0, 2, 10, opTicket, "f", "ok", 0, 0), ev(0, 0, 3, 100, opTicket, "f", "ok", 0, 0),
+			ev(0, 0, 1, 0, opFairLock, "f", "", 0, 0)[:1], ev(0, 0, 2, 10, opTicket, "f", "ok", 0, 1), ev(0, 0, 3, 100, opTicket, "f", "ok", 0, 1),
 			[]Event{{Proc: 0, G: 0, ID: 1, Type: "ret", TS: 200, Op: opFairLock, Name: "f", Res: "ok", Fence: 8, Sess: 1}}, ev(0, 0, 4, 210, opUnlock, "f", "ok", 0, 0),
-			ev(1, 0, 1, 20, opFairLock, "f", "", 0, 0)[:1], ev(1, 0, 2, 30, opTicket, "f", "ok", 0, 0),
+			ev(1, 0, 1, 20, opFairLock, "f", "", 0, 0)[:1], ev(1, 0, 2, 30, opTicket, "f", "ok", 0, 2),
 			[]Event{{Proc: 1, G: 0, ID: 1, Type: "ret", TS: 50, Op: opFairLock, Name: "f", Res: "ok", Fence: 7, Sess: 2}}, ev(1, 0, 3, 60, opUnlock, "f", "ok", 0, 0),
 		), nil, "FairMutex order"},
 	} {

@@ -183,8 +183,9 @@ type fairOp struct {
 }
 
 type ticketSeen struct {
-	seq int64
-	at  int64 // call time of the look that saw it
+	seq  int64
+	sess int64 // the lease id the look asked for
+	at   int64 // call time of the look that saw it
 }
 
 // killSlack is added to a killed process's kill time plus TTL to bound when
@@ -251,7 +252,7 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 				b.sessEnd[e.Sess] = e.TS
 			}
 			continue
-		case e.Op == opClose && e.Type == "ret" && e.Res == "ok":
+		case e.Op == opClose && e.Type != "call" && e.Res == "ok":
 			if t, ok := b.sessEnd[e.Sess]; !ok || e.TS < t {
 				b.sessEnd[e.Sess] = e.TS
 			}
@@ -325,12 +326,16 @@ func (b *builder) walk(k clientKey, evs []Event) {
 		switch call.Op {
 		case opTicket:
 			if fair != nil && e.Seq != 0 {
-				fair.tickets = append(fair.tickets, ticketSeen{seq: e.Seq, at: call.TS})
+				fair.tickets = append(fair.tickets, ticketSeen{seq: e.Seq, sess: e.Sess, at: call.TS})
 			}
 		case opLock, opTryLock, opLockTx, opFairLock, opRLock, opWLock:
 			if call.Op == opFairLock {
 				if fair != nil && e.Res == "ok" {
 					fair.ret = e.TS
+					// Only the tickets of the lease the hold is on: with
+					// WithReplaceLostLease a waiting Lock goes on under a
+					// new lease, and the lost one's ticket is dead.
+					fair.tickets = slices.DeleteFunc(fair.tickets, func(t ticketSeen) bool { return t.sess != e.Sess })
 					b.fairOps = append(b.fairOps, *fair)
 				}
 				fair = nil
@@ -564,7 +569,8 @@ func smallest(ops []porcupine.Operation, t0 int64) (string, int64) {
 // waiting at a time after B's Lock returned (so B was granted while A's
 // earlier ticket waited). A's Lock returned nil later, so its session's
 // lease was live throughout (without WithReplaceLostLease a lost lease
-// makes Lock fail) and its ticket was live: B overtook a live waiter.
+// makes Lock fail; with it, only tickets of the lease Lock returned on
+// count) and its ticket was live: B overtook a live waiter.
 func (b *builder) checkFIFO() []anomaly {
 	var out []anomaly
 	byName := map[string][]fairOp{}

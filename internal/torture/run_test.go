@@ -275,6 +275,9 @@ func run(t *testing.T, cfg config) {
 				t.Fatal(err)
 			}
 		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		path := filepath.Join(dir, fmt.Sprintf("history-%d.jsonl", cfg.seed))
 		if err := writeHistory(path, events); err != nil {
 			t.Errorf("write the history: %v", err)
