@@ -248,13 +248,13 @@ func (c *client) work(g int) {
 
 // held runs the work of a hold: a few checks that the session still holds
 // (Session.Err), and, for an exclusive hold with a fence, writes of the
-// fenced register. One hold in six is long (up to two TTLs, checked every
-// 50-150 ms), so that some holds span a fault: the checks then tell
+// fenced register. One hold in three is long (up to two TTLs, checked
+// every 50-150 ms), so that some holds span a fault: the checks then tell
 // whether the session knew of the loss of its lease before the database
 // let another session take the lock. It returns false once a check failed.
 func (c *client) held(g int, rng *rand.Rand, s *dsync.Session, name string, shared bool, fence int64) bool {
 	checks, gap := 1+rng.IntN(3), 60
-	if rng.IntN(6) == 0 {
+	if rng.IntN(3) == 0 {
 		checks, gap = 2+rng.IntN(int(2*c.ttl/(100*time.Millisecond))), 150
 	}
 	for range checks {

@@ -98,7 +98,11 @@ func (f fault) String() string {
 	return fmt.Sprintf("%8.3fs %-8s client %d for %v", f.at.Seconds(), f.kind, f.target, f.dur.Round(time.Millisecond))
 }
 
-// schedule draws the nemesis's faults from the seed: one every 0.5-3.5 s,
+// faultWeights weighs the nemesis's draw: pauses and cuts, the faults that
+// test what a session knows of its lease, come twice as often.
+var faultWeights = map[string]int{nemStop: 2, nemCut: 2}
+
+// schedule draws the nemesis's faults from the seed: one every 0.3-2.3 s,
 // from 2 s after the start to 3 s before the end.
 func schedule(cfg config) []fault {
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6e656d65736973))
@@ -106,8 +110,14 @@ func schedule(cfg config) []fault {
 	if len(cfg.nemesis) == 0 || cfg.nemesis[0] == "" {
 		return nil
 	}
-	for at := 2 * time.Second; at < cfg.duration-3*time.Second; at += time.Duration(500+rng.IntN(3000)) * time.Millisecond {
-		f := fault{at: at, kind: cfg.nemesis[rng.IntN(len(cfg.nemesis))], target: rng.IntN(cfg.procs)}
+	var kinds []string
+	for _, k := range cfg.nemesis {
+		for range max(faultWeights[k], 1) {
+			kinds = append(kinds, k)
+		}
+	}
+	for at := 2 * time.Second; at < cfg.duration-3*time.Second; at += time.Duration(300+rng.IntN(2000)) * time.Millisecond {
+		f := fault{at: at, kind: kinds[rng.IntN(len(kinds))], target: rng.IntN(cfg.procs)}
 		switch f.kind {
 		case nemStop:
 			f.dur = cfg.ttl + time.Duration(rng.Int64N(int64(cfg.ttl)*3/2))
