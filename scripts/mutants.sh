@@ -4,7 +4,7 @@
 # patches named as arguments), copies the working tree to a temporary
 # directory, applies the patch there, runs the torture test for DURATION
 # with SEED, and says whether the checker found an anomaly, how long the
-# run took and when the first anomalous operation began. The tree itself is
+# run took and when the history became illegal. The tree itself is
 # never changed. make mutants runs it.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -459,6 +459,7 @@ type anomaly struct {
 	info   porcupine.LinearizationInfo
 	ops    []porcupine.Operation
 	first  int64 // the call time of the earliest operation of text
+	last   int64 // the call time of its latest: the history is illegal from then on
 }
 
 // check checks every partition and the FairMutex order, and returns the
@@ -477,8 +478,8 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 		case porcupine.Unknown:
 			timedOut = append(timedOut, n)
 		default:
-			text, first := smallest(ops, t0)
-			anomalies = append(anomalies, anomaly{name: n, result: res, text: text, info: info, ops: ops, first: first})
+			text, first, last := smallest(ops, t0)
+			anomalies = append(anomalies, anomaly{name: n, result: res, text: text, info: info, ops: ops, first: first, last: last})
 		}
 	}
 	anomalies = append(anomalies, b.checkFIFO()...)
@@ -493,7 +494,7 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 // history illegal, but for a refused write whose refusal the dropped hold's
 // write explained: the result is a diagnosis; the verdict is the whole
 // partition's. Times are seconds since t0.
-func smallest(ops []porcupine.Operation, t0 int64) (string, int64) {
+func smallest(ops []porcupine.Operation, t0 int64) (text string, first, last int64) {
 	groups := map[int][]porcupine.Operation{}
 	var ids []int
 	for _, o := range ops {
@@ -548,7 +549,8 @@ func smallest(ops []porcupine.Operation, t0 int64) (string, int64) {
 		i++
 	}
 	sort.SliceStable(h, func(i, j int) bool { return h[i].Call < h[j].Call })
-	first := h[0].Call
+	first = h[0].Call
+	last = h[len(h)-1].Call
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d of its %d operations are illegal on their own (seconds since the start; never: may take effect at any later time):\n", len(h), len(ops))
 	for _, o := range h {
@@ -558,7 +560,7 @@ func smallest(ops []porcupine.Operation, t0 int64) (string, int64) {
 		}
 		fmt.Fprintf(&b, "  [%11.6f, %s] %-7s %s\n", float64(o.Call-t0)/1e9, ret, o.Input.(mop).Kind, o.Input.(mop).Desc)
 	}
-	return b.String(), first
+	return b.String(), first, last
 }
 
 // checkFIFO checks what FairMutex promises about order: a waiter's ticket
@@ -586,7 +588,7 @@ func (b *builder) checkFIFO() []anomaly {
 					}
 					for _, tB := range bb.tickets {
 						if tB.seq > tA.seq {
-							out = append(out, anomaly{name: name, result: porcupine.Illegal, first: bb.ret, text: fmt.Sprintf(
+							out = append(out, anomaly{name: name, result: porcupine.Illegal, first: bb.ret, last: tA.at, text: fmt.Sprintf(
 								"FairMutex order: client %d's Lock (ticket %d) returned at %d, while client %d's earlier ticket %d was seen waiting at %d (its Lock returned nil at %d)",
 								bb.client, tB.seq, bb.ret, a.client, tA.seq, tA.at, a.ret)})
 							break

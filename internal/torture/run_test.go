@@ -309,12 +309,17 @@ func run(t *testing.T, cfg config) {
 		for _, f := range plan {
 			fmt.Fprintf(&sb, "  %v\n", f)
 		}
-		first := int64(never)
+		first := anomalies[0]
 		for _, a := range anomalies {
 			fmt.Fprintf(&sb, "lock %q: %s\n%s\n", a.name, a.result, a.text)
-			first = min(first, a.first)
+			if a.last < first.last {
+				first = a
+			}
 		}
-		fmt.Fprintf(&sb, "torture: first anomaly at %.3fs\n", float64(first-h.start)/1e9)
+		// The history is illegal from the call of the last operation of
+		// the smallest illegal sub-history on.
+		fmt.Fprintf(&sb, "torture: first anomaly at %.3fs (lock %q; its operations began from %.3fs)\n",
+			float64(first.last-h.start)/1e9, first.name, float64(first.first-h.start)/1e9)
 		t.Error(sb.String())
 	}
 }
