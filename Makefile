@@ -44,10 +44,10 @@ torture: mariadb
 
 # The checker's power: each mutant of internal/torture/mutants (one defect
 # fixed earlier, re-introduced in a temporary copy of the tree) under a
-# torture run of DURATION (default 30s here) with SEED (default 1).
+# torture run of DURATION (default 2m here) with SEED (default 3).
 mutants: mariadb
-	DURATION=$(if $(filter command line environment,$(origin DURATION)),$(DURATION),30s) \
-		SEED=$(if $(filter command line environment,$(origin SEED)),$(SEED),1) GO='$(GO)' bash scripts/mutants.sh
+	DURATION=$(if $(filter command line environment,$(origin DURATION)),$(DURATION),2m) \
+		SEED=$(if $(filter command line environment,$(origin SEED)),$(SEED),3) GO='$(GO)' bash scripts/mutants.sh
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .

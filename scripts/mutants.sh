@@ -8,12 +8,16 @@
 # never changed. make mutants runs it.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
-duration=${DURATION:-30s}
-seed=${SEED:-1}
+duration=${DURATION:-2m}
+seed=${SEED:-3}
 go=${GO:-go}
 if [ $# -eq 0 ]; then
 	set -- "$root"/internal/torture/mutants/*.patch
 fi
+# Each failing run's output, history and porcupine views go to $out.
+out=${MUTANTS_OUT:-$(mktemp -d "${TMPDIR:-/tmp}/dsync-mutants.XXXXXX")}
+mkdir -p "$out"
+echo "outputs and histories in $out"
 status=0
 for patch in "$@"; do
 	name=$(basename "$patch" .patch)
@@ -27,15 +31,14 @@ for patch in "$@"; do
 	fi
 	start=$(date +%s)
 	(cd "$tmp" && $go test -race -count=1 -timeout 0 -run '^TestTorture$' -v ./internal/torture/ \
-		-torture.duration="$duration" -torture.seed="$seed" -torture.out="$tmp") >"$tmp/out.txt" 2>&1
+		-torture.duration="$duration" -torture.seed="$seed" -torture.out="$out/mutant-$name") >"$tmp/out.txt" 2>&1
 	rc=$?
 	took=$(($(date +%s) - start))
 	if grep -q 'anomalies (rerun' "$tmp/out.txt"; then
 		first=$(grep -o 'first anomaly at [0-9.]*s' "$tmp/out.txt" | head -1)
 		locks=$(grep -oE "^ *lock \"[^\"]*\": [A-Za-z]*" "$tmp/out.txt" | sed "s/^ *//" | sort -u | tr '\n' ' ')
-		echo "$name: FOUND (seed $seed, run of $duration took ${took}s, $first; $locks)"
-		mkdir -p "${MUTANTS_OUT:-/tmp}"
-		cp "$tmp/out.txt" "${MUTANTS_OUT:-/tmp}/mutant-$name.txt"
+		echo "$name: FOUND (seed $seed, run of $duration took ${took}s, $first; $locks; $out/mutant-$name.txt)"
+		cp "$tmp/out.txt" "$out/mutant-$name.txt"
 	elif [ $rc -eq 0 ]; then
 		echo "$name: not found (seed $seed, run of $duration took ${took}s)"
 		status=1

@@ -94,10 +94,6 @@ type fault struct {
 	dur    time.Duration // how long it lasts
 }
 
-func (f fault) String() string {
-	return fmt.Sprintf("%8.3fs %-8s client %d for %v", f.at.Seconds(), f.kind, f.target, f.dur.Round(time.Millisecond))
-}
-
 // faultWeights weighs the nemesis's draw: pauses and cuts, the faults that
 // test what a session knows of its lease, come twice as often.
 var faultWeights = map[string]int{nemStop: 2, nemCut: 2}
@@ -305,9 +301,11 @@ func run(t *testing.T, cfg config) {
 	}
 	if failed {
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule:\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration)
-		for _, f := range plan {
-			fmt.Fprintf(&sb, "  %v\n", f)
+		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration, len(plan))
+		for _, e := range events {
+			if e.Proc == -1 {
+				fmt.Fprintf(&sb, "  %8.3fs %-8s client %d.%d for %v\n", float64(e.TS-h.start)/1e9, e.Op, e.G, e.Inc, time.Duration(e.Dur).Round(time.Millisecond))
+			}
 		}
 		first := anomalies[0]
 		for _, a := range anomalies {
