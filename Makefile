@@ -14,7 +14,7 @@ GO ?= go
 # waiting): make test, with the current Go, has run them.
 OLDEST_GO ?= go1.24.13
 
-.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera
+.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera torture mutants
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -29,6 +29,25 @@ test: mariadb
 
 test-oldest-go:
 	$(MAKE) test GO='env GOTOOLCHAIN=$(OLDEST_GO) go' TESTFLAGS=-short
+
+# The linearizability checker with its nemesis (internal/torture; make test
+# runs it for 25s): client processes under faults for DURATION, with SEED
+# (0: from the clock), on a throwaway server of its own. A failure prints
+# the seed, the nemesis's schedule and the smallest illegal sub-history,
+# and writes the whole history to a file; TORTURE_FLAGS adds flags, e.g.
+# '-torture.out=DIR' (keep the history), '-torture.nemesis=stop,kill'.
+DURATION ?= 10m
+SEED ?= 0
+torture: mariadb
+	$(GO) test -race -count=1 -timeout 0 -run '^TestTorture$$' -v ./internal/torture/ \
+		-torture.duration=$(DURATION) -torture.seed=$(SEED) $(TORTURE_FLAGS)
+
+# The checker's power: each mutant of internal/torture/mutants (one defect
+# fixed earlier, re-introduced in a temporary copy of the tree) under a
+# torture run of DURATION (default 2m here) with SEED (default 3).
+mutants: mariadb
+	DURATION=$(if $(filter command line environment,$(origin DURATION)),$(DURATION),2m) \
+		SEED=$(if $(filter command line environment,$(origin SEED)),$(SEED),3) GO='$(GO)' bash scripts/mutants.sh
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .
