@@ -102,6 +102,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 				return nil, 0, err
 			}
 			if fence > 0 {
+				s.tickets.busy.set(name, false)
 				return &waiter{ticket: headSlot, token: token, mode: mode}, fence, nil
 			}
 			s.tickets.busy.set(name, true)
@@ -119,7 +120,9 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 		return nil, 0, err
 	}
 	w := &waiter{ticket: ticket, token: token, mode: mode, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
-	if !ahead {
+	if !ahead && mode == modeExclusive {
+		// Nothing ahead of a writer: the line is free. (Nothing ahead of
+		// a reader means only no writer ahead.)
 		s.tickets.busy.set(name, false)
 	}
 	lq.mu.Lock()

@@ -15,7 +15,9 @@ import (
 // reader waits only for earlier writers. So a waiting writer blocks readers
 // that arrive after it (writers do not starve), the readers before it
 // finish first, and the readers queued behind a writer all enter together
-// when it leaves.
+// when it leaves. As a FairMutex's, an uncontended writer Lock takes the
+// line's head slot in one statement, and a session that last found the
+// line busy takes a ticket instead, once.
 //
 // Readers of one process share one database read hold when that is
 // correct: a reader that finds its process already holding the read side

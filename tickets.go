@@ -33,8 +33,9 @@ type tickets struct {
 	// session found the lock held or waited for: the session's next
 	// exclusive Lock of such a name enqueues at once instead of trying
 	// the slot first (a statement that writes nothing then, but waits for
-	// the per-name row's lock behind the enqueues of the others), until an
-	// enqueue finds nothing ahead. It outlives the name's local state
+	// the per-name row's lock behind the enqueues of the others), until a
+	// take of the slot (a TryLock) succeeds or a writer's enqueue finds
+	// nothing ahead. It outlives the name's local state
 	// (localQueue), which goes with the last hold and call of the
 	// process: under contention every Lock of a session starts anew.
 	busy busyNames
