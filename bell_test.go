@@ -578,6 +578,7 @@ func TestUnlockWithEndedCtxKeepsDoorbell(t *testing.T) {
 // connection open for the session's life, and after 8 the session's
 // waiters could no longer block on a doorbell).
 func TestShortLeaseWaitKeepsNoConnection(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	holder := newSession(t, dsync.WithTTL(time.Second))
 	waiter := newSession(t)

@@ -42,6 +42,7 @@ func lockOnce(ctx context.Context, lock, unlock func(context.Context) error, got
 // send idle (they polled at 70-140 a second), and each gets the lock once
 // it is released.
 func TestCappedPoolWaitersDoNotPoll(t *testing.T) {
+	slowTest(t)
 	const (
 		waitersPer = 2
 		window     = 2 * time.Second
@@ -105,6 +106,7 @@ func TestCappedPoolWaitersDoNotPoll(t *testing.T) {
 // within the polling budget (spinBudget per waiter; with polling they sent
 // far more).
 func TestCappedPoolServesCaller(t *testing.T) {
+	slowTest(t)
 	const (
 		limit    = 8
 		sessions = 4
@@ -171,6 +173,7 @@ func TestCappedPoolServesCaller(t *testing.T) {
 // and on one limited to 8; the waiters stay within the polling budget and
 // each gets its lock once it is free.
 func TestSessionWaitsOnOneConnection(t *testing.T) {
+	slowTest(t)
 	const names = 4
 	for _, limit := range []int{0, 8} {
 		t.Run(fmt.Sprintf("limit %d", limit), func(t *testing.T) {
@@ -250,6 +253,7 @@ func waitOnHeld(t *testing.T, holder, s *dsync.Session, base string, n int) (rel
 // waiter next in line (likewise) as well as the ones behind them. Each
 // gets the lock once it is released.
 func TestCappedBelowBellsWaitersWithinBudget(t *testing.T) {
+	slowTest(t)
 	const (
 		limit      = 4
 		waitersPer = 2

@@ -116,6 +116,7 @@ func unlockNow(t *testing.T, what string, l fencedLock) {
 // lock, keep a dead holder's lock, lose a lease silently or repeat a fence.
 func TestExclusionUnderDSNSettings(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	iso := isolationVar(t, dbtest.Open(t))
 	timeZone := func(tz string) func(*mysql.Config) {
 		return func(c *mysql.Config) { c.Params["time_zone"] = "'" + tz + "'" }

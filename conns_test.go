@@ -119,6 +119,7 @@ func TestSessionConnections(t *testing.T) {
 // took about 9 connections a session: 60 such sessions left 42 NewSession
 // and 4 Lock calls with 1040.)
 func TestManySessionsAtMaxConnections(t *testing.T) {
+	slowTest(t)
 	const (
 		sessions = 50
 		names    = 4
@@ -204,6 +205,7 @@ func TestManySessionsAtMaxConnections(t *testing.T) {
 // another, got 1040). It first checks that statements ran there and that
 // callers' deadlines ended mid-statement.
 func TestLeaseConnLentAtMaxConnections(t *testing.T) {
+	slowTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	srv, admin := dedicatedServer(ctx, t, "--max-connections=20")
@@ -326,6 +328,7 @@ func fillServer(ctx context.Context, t *testing.T, dsn string) {
 // waits a second for the row; with 3s (lendable 0.7s) it does not wait
 // while lent, and waits again for its renewals.
 func TestLentRowLockKeepsLeaseConn(t *testing.T) {
+	slowTest(t)
 	for _, ttl := range []time.Duration{9 * time.Second, 3 * time.Second} {
 		t.Run(ttl.String(), func(t *testing.T) { testLentRowLockKeepsLeaseConn(t, ttl) })
 	}

@@ -535,6 +535,7 @@ func awaitRenewal(t *testing.T, db *sql.DB, id int64, ttl time.Duration) {
 // release (by its own token) never touch the new hold over 2×TTL.
 func TestUnlockReplyLost(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	for _, kind := range faultKinds {
 		t.Run(kind, func(t *testing.T) { unlockReplyLost(t, kind) })
 	}

@@ -35,6 +35,7 @@ func waitPaced(t *testing.T, s *dsync.Session, name string) {
 // *sql.DB limited to 8 connections has none (its doorbell share is one
 // doorbell and the waiting connection).
 func TestPacedWaiterWithinBudget(t *testing.T) {
+	slowTest(t)
 	const window = 2 * time.Second
 	ctx := context.Background()
 	admin := dbtest.Open(t)

@@ -115,6 +115,7 @@ func TestWokenCheckWaitsForRelease(t *testing.T) {
 // global to the server, so other traffic (a lease renewal) can only add:
 // a few tries, and the fewest counts.
 func TestQueuedHandoffStatements(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	type lockFuncs struct{ lock, unlock func(context.Context) error }
