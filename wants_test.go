@@ -42,17 +42,7 @@ func TestMutexUncontendedAfterWaitTwoStatements(t *testing.T) {
 				mustUnlock(t, m, ctx)
 			}
 			cycle()
-			fewest := int64(-1)
-			for try := 0; try < 5 && fewest != 2*n; try++ {
-				before := stmtExecutes(t, admin)
-				for range n {
-					cycle()
-				}
-				if d := stmtExecutes(t, admin) - before; fewest < 0 || d < fewest {
-					fewest = d
-				}
-			}
-			if fewest != 2*n {
+			if fewest := fewestStatements(t, admin, n, cycle, 2*n); fewest != 2*n {
 				t.Errorf("statements for %d uncontended Lock+Unlock after another session waited: got %d; want %d", n, fewest, 2*n)
 			}
 		})
