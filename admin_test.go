@@ -567,6 +567,7 @@ func TestListLocksHeldIsTheHolds(t *testing.T) {
 // dsync run takes for a forced release), nor keep shared locks that hold
 // up the holder's renewals; and ForceRelease's release must commit.
 func TestAdminUnderDSNSettings(t *testing.T) {
+	slowTest(t)
 	iso := isolationVar(t, dbtest.Open(t))
 	for _, params := range []map[string]string{
 		{"autocommit": "0"},

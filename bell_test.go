@@ -619,6 +619,7 @@ func TestShortLeaseWaitKeepsNoConnection(t *testing.T) {
 // or, after that, the plain release lent the connection. It first checks
 // that the statement ran there when the deadline passed.
 func TestStatementDeadlineKeepsDoorbell(t *testing.T) {
+	slowTest(t)
 	for _, tc := range []struct {
 		what     string
 		deadline time.Duration

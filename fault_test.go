@@ -776,6 +776,7 @@ func cancellationBoundedOnBlackHole(t *testing.T, kind string) {
 // under 5 sessions of one *sql.DB, each holding 3 locks: all must be lost
 // within TTL, and then give back every connection they used.
 func TestLostSessionReleasesConnections(t *testing.T) {
+	slowTest(t)
 	const ttl = 3 * time.Second
 	const sessions, locksEach = 5, 3
 	const release = 2 * time.Second
@@ -858,6 +859,7 @@ func TestLostSessionReleasesConnections(t *testing.T) {
 // report ErrSessionExpired, never nil; the lock is then free for a third
 // session within TTL + 1s.
 func TestLockInFlightWhenLeaseLost(t *testing.T) {
+	slowTest(t)
 	for _, kind := range faultKinds {
 		t.Run(kind, func(t *testing.T) { lockInFlightWhenLeaseLost(t, kind) })
 	}

@@ -883,6 +883,7 @@ func takeEndedHold(t *testing.T, i int, h txHold) {
 // however long after: once the session freed the row, and while another
 // session holds the lock.
 func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
+	slowTest(t)
 	for _, iso := range isolations {
 		for _, maxOpen := range txSessionDBs {
 			t.Run(fmt.Sprintf("%v/maxOpen=%d", iso, maxOpen), func(t *testing.T) {
@@ -1104,6 +1105,7 @@ func TestLostSessionClosesTxConns(t *testing.T) {
 // the lock free; LockTx again after a COMMIT through tx returns
 // ErrNotHeld, and after ROLLBACK TO a SAVEPOINT taken after it nil.
 func TestLockTxWithoutInTransaction(t *testing.T) {
+	slowTest(t)
 	t.Cleanup(dsync.TxCheckAnyServer())
 	for _, tc := range []struct {
 		name string

@@ -42,7 +42,7 @@ func newSession(t testing.TB, opts ...dsync.Option) *dsync.Session {
 // slowTest skips t under -short. make test runs every test; make
 // test-oldest-go, which runs the suite again with the oldest Go release the
 // module supports, passes -short to leave out these slowest ones (each
-// takes from 3 to 30 seconds, mostly waiting), so that CI stays within its
+// takes from 2 to 35 seconds, mostly waiting), so that CI stays within its
 // time budget.
 func slowTest(t *testing.T) {
 	t.Helper()
@@ -298,6 +298,7 @@ type fencedLock interface {
 // hold nothing and leave nothing behind for good: another session gets the
 // lock.
 func TestLockCancelledMidAcquire(t *testing.T) {
+	slowTest(t)
 	tests := []struct {
 		name string
 		step time.Duration // deadlines are 0, step, 2*step, ... 39*step

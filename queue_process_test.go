@@ -74,6 +74,7 @@ func mustAtoi(t *testing.T, s string) int {
 // TestFairMutexKilledProcessesDoNotStall kills a queued waiter, then a
 // holder, with SIGKILL; each time the line moves on within TTL + 1s.
 func TestFairMutexKilledProcessesDoNotStall(t *testing.T) {
+	slowTest(t)
 	const ttl = time.Second
 	bg := context.Background()
 	db := dbtest.Open(t)

@@ -171,6 +171,7 @@ func TestReplaceLostLeaseWaiter(t *testing.T) {
 // released, the session opens a new lease and locks again, with greater
 // fences.
 func TestReplaceLostLeaseHold(t *testing.T) {
+	slowTest(t)
 	for _, kind := range faultKinds {
 		t.Run(kind, func(t *testing.T) { replaceLostLeaseHold(t, kind) })
 	}

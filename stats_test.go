@@ -424,6 +424,7 @@ func TestStatsRenewals(t *testing.T) {
 // TestStatsRenewalFailures cuts the network under a session: its renewal
 // fails, it is lost, and Stats and the log say so.
 func TestStatsRenewalFailures(t *testing.T) {
+	slowTest(t)
 	const ttl = 3 * time.Second
 	p, dsn := dbtest.FaultProxy(t)
 	logger, logs := newCaptureLogger()
@@ -540,6 +541,7 @@ func TestStatsOrphans(t *testing.T) {
 // TestStatsLongWaitLogged: with a TTL of 1s, a Lock that waited more than
 // 1.2s for the lock, and an RLock that gave up after 1.2s, are logged.
 func TestStatsLongWaitLogged(t *testing.T) {
+	slowTest(t)
 	const ttl = time.Second
 	bg := context.Background()
 	logger, logs := newCaptureLogger()

@@ -233,6 +233,7 @@ func TestSweepDeletesFreeRows(t *testing.T) {
 // fence recorded before the delete, not the clock, must carry the next
 // fence above it.
 func TestSweepFencesAcrossDeletion(t *testing.T) {
+	slowTest(t)
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweepfence")
 	s := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithSweep(300*time.Millisecond, 50*time.Millisecond))
