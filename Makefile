@@ -31,7 +31,7 @@ test-oldest-go:
 	$(MAKE) test GO='env GOTOOLCHAIN=$(OLDEST_GO) go' TESTFLAGS=-short
 
 # The linearizability checker with its nemesis (internal/torture; make test
-# runs it for 25s): client processes under faults for DURATION, with SEED
+# runs it for 20s): client processes under faults for DURATION, with SEED
 # (0: from the clock), on a throwaway server of its own. A failure prints
 # the seed, the nemesis's schedule and the smallest illegal sub-history,
 # and writes the whole history to a file; TORTURE_FLAGS adds flags, e.g.

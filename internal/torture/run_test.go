@@ -32,7 +32,7 @@ import (
 )
 
 var (
-	flagDuration   = flag.Duration("torture.duration", 25*time.Second, "how long the clients run operations")
+	flagDuration   = flag.Duration("torture.duration", 20*time.Second, "how long the clients run operations")
 	flagSeed       = flag.Uint64("torture.seed", 0, "seed of the nemesis schedule and the clients' choices (0: from the clock)")
 	flagProcs      = flag.Int("torture.procs", 3, "client processes")
 	flagGoroutines = flag.Int("torture.goroutines", 3, "goroutines per client process")
