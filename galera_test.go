@@ -1247,7 +1247,7 @@ func TestGaleraNodeKilledUnderLoad(t *testing.T) {
 // fence jumps when its row is created again), and once the traffic stops
 // the tables must empty.
 func TestGaleraSweep(t *testing.T) {
-	const duration = 20 * time.Second
+	const duration = 15 * time.Second
 	g := newGaleraDB(t)
 	var sessions [galeraNodes]*dsync.Session
 	for n := range galeraNodes {
