@@ -5,7 +5,9 @@
 # directory, applies the patch there, runs the torture test for DURATION
 # with SEED, and says whether the checker found an anomaly, how long the
 # run took and when the history became illegal. The tree itself is
-# never changed. make mutants runs it.
+# never changed. make mutants runs it. A file NAME.flags next to a
+# patch holds extra torture flags for that mutant (the condition its
+# defect needs, e.g. -torture.dsn-tz=+05:00).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 duration=${DURATION:-2m}
@@ -29,9 +31,13 @@ for patch in "$@"; do
 		status=1
 		continue
 	fi
+	flags=()
+	if [ -f "${patch%.patch}.flags" ]; then
+		read -r -a flags <"${patch%.patch}.flags"
+	fi
 	start=$(date +%s)
 	(cd "$tmp" && $go test -race -count=1 -timeout 0 -run '^TestTorture$' -v ./internal/torture/ \
-		-torture.duration="$duration" -torture.seed="$seed" -torture.out="$out/mutant-$name") >"$tmp/out.txt" 2>&1
+		-torture.duration="$duration" -torture.seed="$seed" -torture.out="$out/mutant-$name" ${flags[@]+"${flags[@]}"}) >"$tmp/out.txt" 2>&1
 	rc=$?
 	took=$(($(date +%s) - start))
 	if grep -q 'anomalies (rerun' "$tmp/out.txt"; then

@@ -503,4 +503,39 @@ func (c *client) lockTx(g int, rng *rand.Rand, base context.Context, owner bool,
 	id = c.rec.call(g, Event{Op: op, Name: name})
 	err = f()
 	c.rec.ret(g, id, result(Event{Op: op, Name: name}, err))
+	if op == opRTS && err == nil {
+		c.lockTxAgain(g, rng, base, owner, s, tx, m, e.Fence)
+	}
+}
+
+// lockTxAgain runs LockTx again in tx after a ROLLBACK TO SAVEPOINT that
+// ended tx's hold of m (fence fence): it must fail (ErrNotHeld), since a
+// hold that ended never comes back. Had it returned nil, tx would claim
+// the hold it had, so it is recorded as an acquisition with that hold's
+// fence (or the one Fence reports), which the model finds illegal whatever
+// happened meanwhile (fences only go up). It then writes the register in
+// tx and rolls tx back.
+func (c *client) lockTxAgain(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session, tx *sql.Tx, m *dsync.Mutex, fence int64) {
+	ctx, cancel := deadline(rng, base, 20*time.Millisecond, 2*time.Second)
+	defer cancel()
+	name := m.Name()
+	id := c.rec.call(g, Event{Op: opLockTx, Name: name, Owner: owner})
+	err := m.LockTx(ctx, tx)
+	e := result(Event{Op: opLockTx, Name: name, Sess: s.ID()}, err)
+	if err == nil {
+		e.Fence = fence
+		if f := m.Fence(); f != 0 {
+			e.Fence = f
+		}
+	}
+	c.rec.ret(g, id, e)
+	if err != nil {
+		return
+	}
+	if e.Fence != 0 {
+		c.write(g, tx, name, e.Fence)
+	}
+	id = c.rec.call(g, Event{Op: opRollback, Name: name})
+	err = tx.Rollback()
+	c.rec.ret(g, id, result(Event{Op: opRollback, Name: name}, err))
 }

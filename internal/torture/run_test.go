@@ -39,6 +39,7 @@ var (
 	flagTTL        = flag.Duration("torture.ttl", 2*time.Second, "the sessions' TTL")
 	flagNemesis    = flag.String("torture.nemesis", "stop,kill,killconn,latency,cut,drop,server", "the nemesis's faults, comma-separated")
 	flagOut        = flag.String("torture.out", "", "directory to write the history to (default: a temporary directory, on failure only)")
+	flagDSNTZ      = flag.String("torture.dsn-tz", "", "a time_zone (e.g. +05:00) for the DSN of every other client process (odd ones), unlike the server's")
 )
 
 func TestMain(m *testing.M) {
@@ -71,6 +72,7 @@ func TestTorture(t *testing.T) {
 		ttl:        *flagTTL,
 		nemesis:    strings.Split(*flagNemesis, ","),
 		out:        *flagOut,
+		dsnTZ:      *flagDSNTZ,
 	}
 	run(t, cfg)
 }
@@ -84,6 +86,7 @@ type config struct {
 	ttl        time.Duration
 	nemesis    []string
 	out        string
+	dsnTZ      string // the DSN time_zone of the odd client processes ("": the server's)
 }
 
 // fault is one entry of the nemesis's schedule.
@@ -167,6 +170,9 @@ func (h *harness) record(e Event) {
 func run(t *testing.T, cfg config) {
 	t.Logf("torture: seed %d, %v, %d processes x %d goroutines, TTL %v, nemesis %s",
 		cfg.seed, cfg.duration, cfg.procs, cfg.goroutines, cfg.ttl, strings.Join(cfg.nemesis, ","))
+	if cfg.dsnTZ != "" {
+		t.Logf("torture: the odd client processes' DSN has time_zone '%s'", cfg.dsnTZ)
+	}
 	ctx := context.Background()
 	server, err := mariadb.Start(ctx)
 	if err != nil {
@@ -338,6 +344,11 @@ func (h *harness) spawn(p *proc) {
 	// A LockTx transaction that writes the register holds its row: others
 	// wait for it at most this long.
 	cfg.Params["innodb_lock_wait_timeout"] = "2"
+	if h.cfg.dsnTZ != "" && p.n%2 == 1 {
+		// A connection time_zone unlike the server's: expiries judged on
+		// the session's clock (NOW()) instead of UTC_TIMESTAMP() move.
+		cfg.Params["time_zone"] = "'" + h.cfg.dsnTZ + "'"
+	}
 	// A connection whose reply the proxy dropped never hears back: the
 	// client's own statements (its transactions' COMMIT and ROLLBACK, which
 	// take no ctx) give up after this; it is longer than any wait of
