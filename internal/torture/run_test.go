@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,6 +74,9 @@ func TestTorture(t *testing.T) {
 		nemesis:    strings.Split(*flagNemesis, ","),
 		out:        *flagOut,
 		dsnTZ:      *flagDSNTZ,
+		target:     "server",
+		summary:    *flagSummary,
+		mutant:     *flagMutant,
 	}
 	run(t, cfg)
 }
@@ -87,6 +91,9 @@ type config struct {
 	nemesis    []string
 	out        string
 	dsnTZ      string // the DSN time_zone of the odd client processes ("": the server's)
+	target     string // what the clients run against, for the summary: "server", "galera"
+	summary    string // the file to write the run's Summary to ("": none)
+	mutant     string // the mutant the tree carries, for the summary
 }
 
 // fault is one entry of the nemesis's schedule.
@@ -106,6 +113,7 @@ var faultWeights = map[string]int{nemStop: 2, nemCut: 2}
 func schedule(cfg config) []fault {
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6e656d65736973))
 	var out []fault
+	lastForward := -time.Hour // of the clock
 	if len(cfg.nemesis) == 0 || cfg.nemesis[0] == "" {
 		return nil
 	}
@@ -128,6 +136,8 @@ func schedule(cfg config) []fault {
 			f.dur = time.Duration(rng.Int64N(int64(cfg.ttl) * 3 / 2))
 		case nemServer:
 			f.dur = time.Duration(200+rng.IntN(1800)) * time.Millisecond
+		case nemClock:
+			f.dur = clockStep(rng, cfg.ttl, at, &lastForward)
 		}
 		out = append(out, f)
 	}
@@ -159,6 +169,13 @@ type harness struct {
 	events []Event // guarded by mu
 	faults map[string]int
 	wg     sync.WaitGroup // readers of the clients' output
+
+	// The clock nemesis's (clock_test.go): the server's libfaketime file,
+	// the sum of the steps written to it, and the server's clock minus
+	// the machine's before any step.
+	clockPath   string
+	clockOffset time.Duration
+	clockBase   time.Duration
 }
 
 func (h *harness) record(e Event) {
@@ -168,23 +185,38 @@ func (h *harness) record(e Event) {
 }
 
 func run(t *testing.T, cfg config) {
+	began := time.Now()
 	t.Logf("torture: seed %d, %v, %d processes x %d goroutines, TTL %v, nemesis %s",
 		cfg.seed, cfg.duration, cfg.procs, cfg.goroutines, cfg.ttl, strings.Join(cfg.nemesis, ","))
 	if cfg.dsnTZ != "" {
 		t.Logf("torture: the odd client processes' DSN has time_zone '%s'", cfg.dsnTZ)
 	}
 	ctx := context.Background()
-	server, err := mariadb.Start(ctx)
+	var scfg mariadb.Config
+	if slices.Contains(cfg.nemesis, nemClock) {
+		path, err := clockFile(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		scfg.FakeTimeFile = path
+	}
+	server, err := mariadb.StartWith(ctx, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { server.Stop() })
-	h := &harness{t: t, cfg: cfg, server: server, faults: map[string]int{}}
+	h := &harness{t: t, cfg: cfg, server: server, faults: map[string]int{}, clockPath: scfg.FakeTimeFile}
 	h.admin, err = sql.Open("mysql", server.DSN(""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.admin.Close() })
+	if h.clockPath != "" {
+		if h.clockBase, _, err = h.serverOffset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("torture: the server runs under libfaketime (%s); its clock is %v off the machine's", h.clockPath, h.clockBase)
+	}
 	names := append([]string{rwName}, mutexNames...)
 	for g := range cfg.goroutines {
 		names = append(names, fairName(g))
@@ -261,6 +293,7 @@ func run(t *testing.T, cfg config) {
 	checkStart := time.Now()
 	b := build(events, cfg.ttl, logKeys)
 	anomalies, timedOut := b.check(time.Minute, h.start)
+	checkTook := time.Since(checkStart)
 	ops := 0
 	for _, p := range b.parts {
 		ops += len(p)
@@ -274,7 +307,19 @@ func run(t *testing.T, cfg config) {
 	sort.Strings(fs)
 	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen; faults: %d (%s); run %v, check %v",
 		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), total, strings.Join(fs, ", "),
-		elapsed.Round(time.Millisecond), time.Since(checkStart).Round(time.Millisecond))
+		elapsed.Round(time.Millisecond), checkTook.Round(time.Millisecond))
+	if h.clockPath != "" {
+		if off, _, err := h.serverOffset(ctx); err == nil {
+			t.Logf("torture: after %d clock steps the server's clock is %v off the machine's (the steps sum to %v)",
+				h.faults[nemClock], off.Round(time.Millisecond), h.clockOffset.Round(time.Millisecond))
+		}
+	}
+	if cfg.summary != "" {
+		err := h.writeSummary(runResult{began: began, events: events, modelOps: ops, anomalies: anomalies, timedOut: timedOut, check: checkTook})
+		if err != nil {
+			t.Errorf("write the summary: %v", err)
+		}
+	}
 	if len(timedOut) > 0 {
 		t.Logf("torture: the check of %v ran out of time (inconclusive, not a failure)", timedOut)
 	}
@@ -309,7 +354,9 @@ func run(t *testing.T, cfg config) {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration, len(plan))
 		for _, e := range events {
-			if e.Proc == -1 {
+			if e.Proc == -1 && (e.Op == nemClock || e.Op == nemClockSeen) {
+				sb.WriteString(clockLine(e, h.start))
+			} else if e.Proc == -1 {
 				fmt.Fprintf(&sb, "  %8.3fs %-8s client %d.%d for %v\n", float64(e.TS-h.start)/1e9, e.Op, e.G, e.Inc, time.Duration(e.Dur).Round(time.Millisecond))
 			}
 		}
@@ -450,6 +497,8 @@ func (h *harness) nemesis(plan []fault) {
 			p.proxy.Cut(false)
 		case nemDrop:
 			p.proxy.DropNextReply()
+		case nemClock:
+			h.stepClock(ctx, f.dur)
 		case nemServer:
 			h.server.Kill()
 			time.Sleep(f.dur)
