@@ -120,7 +120,10 @@ func mutantsText(mutants []torture.Summary) string {
 	var b bytes.Buffer
 	b.WriteString("| mutant | found | first anomaly | check, lock | client operations | faults | command |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range mutants {
-		cmd := fmt.Sprintf("`DURATION=%s SEED=%d bash scripts/mutants.sh internal/torture/mutants/%s.patch`", goDuration(s.Duration), s.Seed, s.Mutant)
+		cmd := fmt.Sprintf("`bash scripts/mutants.sh internal/torture/mutants/%s.patch`", s.Mutant)
+		if s.Duration > 0 {
+			cmd = fmt.Sprintf("`DURATION=%s SEED=%d bash scripts/mutants.sh internal/torture/mutants/%s.patch`", goDuration(s.Duration), s.Seed, s.Mutant)
+		}
 		if s.Error != "" {
 			fmt.Fprintf(&b, "| `%s` | %s | | | | | %s |\n", s.Mutant, s.Error, cmd)
 			continue
@@ -145,8 +148,11 @@ func mutantsText(mutants []torture.Summary) string {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s | %s |\n", s.Mutant, found, first, where,
 			thousands(total(s.Operations)), thousands(sum(s.Faults)), cmd)
 	}
-	if s := mutants[0]; s.Error == "" {
-		fmt.Fprintf(&b, "\nMachine: %d cores, %s, %s; server %s.\n", s.Cores, s.OS, s.Go, s.Server)
+	for _, s := range mutants {
+		if s.Cores > 0 {
+			fmt.Fprintf(&b, "\nMachine: %d cores, %s, %s; server %s.\n", s.Cores, s.OS, s.Go, s.Server)
+			break
+		}
 	}
 	return b.String()
 }
