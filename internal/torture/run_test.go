@@ -382,15 +382,19 @@ func (h *harness) spawn(p *proc) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	reg := cfg.FormatDSN()
-	cfg.User = p.user
-	cfg.Addr = p.proxy.Addr()
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
 	// A LockTx transaction that writes the register holds its row: others
-	// wait for it at most this long.
+	// wait for it at most this long. Set on the parsed config: appended as
+	// "&..." to a DSN without a "?", it became part of the database's name,
+	// and every register write and ticket look outside a LockTx
+	// transaction failed with error 1049, unknown database.
 	cfg.Params["innodb_lock_wait_timeout"] = "2"
+	// The register's DSN: straight to the server, as root.
+	reg := cfg.FormatDSN()
+	cfg.User = p.user
+	cfg.Addr = p.proxy.Addr()
 	if h.cfg.dsnTZ != "" && p.n%2 == 1 {
 		// A connection time_zone unlike the server's: expiries judged on
 		// the session's clock (NOW()) instead of UTC_TIMESTAMP() move.
@@ -408,7 +412,7 @@ func (h *harness) spawn(p *proc) {
 		envProc+"="+strconv.Itoa(p.n),
 		envInc+"="+strconv.Itoa(p.inc),
 		envDSN+"="+cfg.FormatDSN(),
-		envRegDSN+"="+reg+"&innodb_lock_wait_timeout=2",
+		envRegDSN+"="+reg,
 		envSeed+"="+strconv.FormatUint(h.cfg.seed, 10),
 		envTTL+"="+h.cfg.ttl.String(),
 		envUntil+"="+strconv.FormatInt(h.until, 10),

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -73,6 +74,9 @@ func (h *harness) writeSummary(r runResult) error {
 	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.summary), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(cfg.summary, append(b, '\n'), 0o644)

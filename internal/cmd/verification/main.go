@@ -104,7 +104,7 @@ func runsText(runs []torture.Summary) string {
 		if s.DSNTZ != "" {
 			fmt.Fprintf(&b, ", the odd processes' DSN time_zone '%s'", s.DSNTZ)
 		}
-		fmt.Fprintf(&b, ". Machine: %d cores, %s, %s; server %s.\n\n", s.Cores, s.OS, s.Go, s.Server)
+		fmt.Fprintf(&b, ". %s\n\n", machineText(s))
 		fmt.Fprintf(&b, "Faults: %s. Model operations checked: %s; anomalies: %s; the check took %.2f s, the whole test %s.\n\n",
 			counts(s.Faults), thousands(s.ModelOperations), anomalies(s), s.Check, seconds(s.Wall))
 		b.WriteString(opsTable(s.Operations))
@@ -150,7 +150,7 @@ func mutantsText(mutants []torture.Summary) string {
 	}
 	for _, s := range mutants {
 		if s.Cores > 0 {
-			fmt.Fprintf(&b, "\nMachine: %d cores, %s, %s; server %s.\n", s.Cores, s.OS, s.Go, s.Server)
+			fmt.Fprintf(&b, "\n%s\n", machineText(s))
 			break
 		}
 	}
@@ -184,6 +184,11 @@ func opsTable(ops map[string]map[string]int) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// machineText says where a run ran.
+func machineText(s torture.Summary) string {
+	return fmt.Sprintf("Machine: %d cores, %s, %s; server %s.", s.Cores, s.OS, s.Go, s.Server)
 }
 
 func anomalies(s torture.Summary) string {
