@@ -4,7 +4,8 @@
 // nothing outside that directory touched.
 //
 // For fault tests a server can also run with extra arguments and
-// environment, under a fake clock ([Config.FakeTime]), and be killed and
+// environment, under a fake clock ([Config.FakeTime], or
+// [Config.FakeTimeFile] for a clock stepped while it runs), and be killed and
 // restarted on the same data directory ([Server.Kill], [Server.Restart]).
 // Under a fake clock, libfaketime keeps a semaphore and a shared memory
 // object named after the server's pid in /dev/shm while it runs; they are
