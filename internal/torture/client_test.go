@@ -380,6 +380,11 @@ func (c *client) fairLock(g int, rng *rand.Rand, base context.Context, owner boo
 			err := m.Lock(ctx)
 			close(stop)
 			<-looked
+			if err == nil {
+				// A waiter granted at once was never seen waiting: its
+				// ticket, which it holds until Unlock, is read now.
+				c.lookOnce(g, s, name)
+			}
 			return true, err
 		},
 	})
@@ -399,24 +404,28 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 			return
 		case <-t.C:
 		}
-		call := now()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		sess := s.ID()
-		seqs, err := c.tickets(ctx, name, sess)
-		cancel()
-		if err != nil || len(seqs) != 1 {
-			// None yet, or a ticket a fault left behind beside this call's:
-			// which is whose is not known.
-			continue
-		}
-		seq := seqs[0]
-		c.rec.mu.Lock()
-		c.rec.next++
-		id := c.rec.next
-		c.rec.mu.Unlock()
-		c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
-		c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seq, Sess: sess, Res: "ok"})
+		c.lookOnce(g, s, name)
 	}
+}
+
+// lookOnce records the ticket the session holds for name, if it holds one.
+func (c *client) lookOnce(g int, s *dsync.Session, name string) {
+	call := now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	sess := s.ID()
+	seqs, err := c.tickets(ctx, name, sess)
+	cancel()
+	if err != nil || len(seqs) != 1 {
+		// None yet, or a ticket a fault left behind beside this call's:
+		// which is whose is not known.
+		return
+	}
+	c.rec.mu.Lock()
+	c.rec.next++
+	id := c.rec.next
+	c.rec.mu.Unlock()
+	c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
+	c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seqs[0], Sess: sess, Res: "ok"})
 }
 
 // tickets returns the numbers of the tickets the session holds for name.
