@@ -82,23 +82,22 @@ func (h *harness) writeSummary(r runResult) error {
 	return os.WriteFile(cfg.summary, append(b, '\n'), 0o644)
 }
 
-// command returns the make command that reruns the run.
+// command returns the make command that reruns the run. It names the
+// nemesis's faults whether or not the flag was set, since make torture's
+// default (NEMESIS) is not the flag's.
 func command(cfg config) string {
 	c := fmt.Sprintf("make torture DURATION=%v SEED=%d", cfg.duration, cfg.seed)
-	var extra []string
+	extra := []string{"-torture.nemesis=" + strings.Join(cfg.nemesis, ",")}
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
-		case "torture.duration", "torture.seed", "torture.out", "torture.summary", "torture.mutant":
+		case "torture.duration", "torture.seed", "torture.out", "torture.summary", "torture.mutant", "torture.nemesis":
 		default:
 			if strings.HasPrefix(f.Name, "torture.") {
 				extra = append(extra, "-"+f.Name+"="+f.Value.String())
 			}
 		}
 	})
-	if len(extra) > 0 {
-		c += " TORTURE_FLAGS='" + strings.Join(extra, " ") + "'"
-	}
-	return c
+	return c + " TORTURE_FLAGS='" + strings.Join(extra, " ") + "'"
 }
 
 // countOperations counts the clients' operations by kind and outcome (see
