@@ -14,7 +14,7 @@ GO ?= go
 # waiting): make test, with the current Go, has run them.
 OLDEST_GO ?= go1.24.13
 
-.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera test-galera-running torture mutants
+.PHONY: demo test test-oldest-go bench bench-peers redis-server mariadb check test-galera test-galera-running torture mutants verification
 
 mariadb:
 	bash scripts/mariadb.sh install
@@ -35,19 +35,35 @@ test-oldest-go:
 # (0: from the clock), on a throwaway server of its own. A failure prints
 # the seed, the nemesis's schedule and the smallest illegal sub-history,
 # and writes the whole history to a file; TORTURE_FLAGS adds flags, e.g.
-# '-torture.out=DIR' (keep the history), '-torture.nemesis=stop,kill'.
+# '-torture.out=DIR' (keep the history), '-torture.nemesis=stop,kill',
+# '-torture.summary=FILE' (a JSON summary for make verification),
+# '-torture.dsn-tz=+05:00' (every other client's DSN in another time_zone).
+# NEMESIS is its faults: every one, the server's clock stepped with
+# libfaketime (clock) included; the 20 s run of make test leaves clock out
+# (the flag's default).
 DURATION ?= 10m
 SEED ?= 0
+NEMESIS ?= stop,kill,killconn,latency,cut,drop,server,clock
 torture: mariadb
 	$(GO) test -race -count=1 -timeout 0 -run '^TestTorture$$' -v ./internal/torture/ \
-		-torture.duration=$(DURATION) -torture.seed=$(SEED) $(TORTURE_FLAGS)
+		-torture.duration=$(DURATION) -torture.seed=$(SEED) -torture.nemesis=$(NEMESIS) $(TORTURE_FLAGS)
 
 # The checker's power: each mutant of internal/torture/mutants (one defect
 # fixed earlier, re-introduced in a temporary copy of the tree) under a
-# torture run of DURATION (default 2m here) with SEED (default 3).
+# torture run of DURATION (default 2m here) with SEED (default 3);
+# SUMMARY_DIR=docs/verification keeps each run's summary for make
+# verification.
 mutants: mariadb
 	DURATION=$(if $(filter command line environment,$(origin DURATION)),$(DURATION),2m) \
 		SEED=$(if $(filter command line environment,$(origin SEED)),$(SEED),3) GO='$(GO)' bash scripts/mutants.sh
+
+# docs/VERIFICATION.md from the hand-written text of
+# docs/verification/VERIFICATION.md.tmpl and the runs' summaries,
+# docs/verification/*.json (written by -torture.summary=FILE, and by make
+# mutants with SUMMARY_DIR=docs/verification).
+verification:
+	$(GO) run ./internal/cmd/verification -dir docs/verification \
+		-template docs/verification/VERIFICATION.md.tmpl -out docs/VERIFICATION.md
 
 bench: mariadb
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 5 .

@@ -4,7 +4,8 @@
 // nothing outside that directory touched.
 //
 // For fault tests a server can also run with extra arguments and
-// environment, under a fake clock ([Config.FakeTime]), and be killed and
+// environment, under a fake clock ([Config.FakeTime], or
+// [Config.FakeTimeFile] for a clock stepped while it runs), and be killed and
 // restarted on the same data directory ([Server.Kill], [Server.Restart]).
 // Under a fake clock, libfaketime keeps a semaphore and a shared memory
 // object named after the server's pid in /dev/shm while it runs; they are
@@ -76,6 +77,17 @@ type Config struct {
 	// continues the fake clock rather than starting it again. The
 	// bootstrap (mariadb-install-db) runs on the real clock.
 	FakeTime string
+
+	// FakeTimeFile, when non-empty, runs mariadbd under libfaketime with
+	// its fake time read from this file (FAKETIME_TIMESTAMP_FILE) instead,
+	// which libfaketime re-reads in the running server about every second
+	// (FAKETIME_CACHE_DURATION=1): writing an offset such as "-30" or
+	// "+0.4" (seconds) to the file steps the server's wall clock while it
+	// runs, and [Server.Restart] keeps the file's offset. The file must
+	// exist before StartWith, e.g. holding "+0". libfaketime reads the file
+	// only when FAKETIME is unset, so FakeTime and FakeTimeFile are not
+	// both allowed. The monotonic clock stays real, as with FakeTime.
+	FakeTimeFile string
 }
 
 // Server is a running throwaway MariaDB server, created by [Start] or
@@ -163,7 +175,15 @@ func StartWith(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg.Args = slices.Clone(cfg.Args) // kept for Restart
 	cfg.Env = slices.Clone(cfg.Env)
-	if cfg.FakeTime != "" {
+	if cfg.FakeTime != "" && cfg.FakeTimeFile != "" {
+		return nil, errors.New("mariadb: Config.FakeTime and Config.FakeTimeFile are both set; libfaketime reads the file only without FAKETIME")
+	}
+	if cfg.FakeTimeFile != "" {
+		if _, err := os.Stat(cfg.FakeTimeFile); err != nil {
+			return nil, fmt.Errorf("mariadb: Config.FakeTimeFile: %w", err)
+		}
+	}
+	if cfg.FakeTime != "" || cfg.FakeTimeFile != "" {
 		if _, err := findFakeTime(); err != nil {
 			return nil, err
 		}
@@ -262,16 +282,21 @@ func start(ctx context.Context, mariadbd, dir string, userArgs []string, cfg Con
 // environ returns mariadbd's environment, or nil to inherit this process's
 // unchanged. FakeTime's variables come last, so that they win over Env.
 func (s *Server) environ(fakeTime string) ([]string, error) {
-	if len(s.cfg.Env) == 0 && fakeTime == "" {
+	if len(s.cfg.Env) == 0 && fakeTime == "" && s.cfg.FakeTimeFile == "" {
 		return nil, nil
 	}
 	env := append(os.Environ(), s.cfg.Env...)
-	if fakeTime != "" {
+	if fakeTime != "" || s.cfg.FakeTimeFile != "" {
 		lib, err := findFakeTime()
 		if err != nil {
 			return nil, err
 		}
-		env = append(env, fakeTimeEnv(lib, fakeTime)...)
+		if fakeTime != "" {
+			env = append(env, fakeTimeEnv(lib, fakeTime)...)
+		} else {
+			env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "FAKETIME=") })
+			env = append(env, fakeTimeFileEnv(lib, s.cfg.FakeTimeFile)...)
+		}
 	}
 	return env, nil
 }
@@ -298,6 +323,19 @@ func fakeTimeEnv(lib, fakeTime string) []string {
 	return []string{
 		"LD_PRELOAD=" + lib,
 		"FAKETIME=" + fakeTime,
+		"FAKETIME_DONT_FAKE_MONOTONIC=1",
+	}
+}
+
+// fakeTimeFileEnv returns the environment that runs mariadbd under
+// libfaketime with its fake time read from file (see Config.FakeTimeFile).
+// FAKETIME must be absent: libfaketime prefers it to the file, and then
+// never reads the file (environ drops an inherited one).
+func fakeTimeFileEnv(lib, file string) []string {
+	return []string{
+		"LD_PRELOAD=" + lib,
+		"FAKETIME_TIMESTAMP_FILE=" + file,
+		"FAKETIME_CACHE_DURATION=1",
 		"FAKETIME_DONT_FAKE_MONOTONIC=1",
 	}
 }
@@ -461,7 +499,7 @@ func (s *Server) forget() {
 	pid := s.cmd.Process.Pid
 	_ = s.cmd.Process.Release()
 	s.cmd = nil
-	if s.cfg.FakeTime != "" {
+	if s.cfg.FakeTime != "" || s.cfg.FakeTimeFile != "" {
 		_ = os.Remove("/dev/shm/sem.faketime_sem_" + strconv.Itoa(pid))
 		_ = os.Remove("/dev/shm/faketime_shm_" + strconv.Itoa(pid))
 	}

@@ -296,3 +296,56 @@ func TestFakeTimeDST(t *testing.T) {
 		t.Errorf("after Restart: got NOW %v, @@system_time_zone %s; want %v, CEST", c.now, c.zone, want)
 	}
 }
+
+// serverClockOffset returns the server's UTC_TIMESTAMP(6) minus this
+// machine's clock at the middle of the query.
+func serverClockOffset(ctx context.Context, t *testing.T, db *sql.DB) time.Duration {
+	t.Helper()
+	var us int64
+	before := time.Now()
+	if err := db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))").Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	mid := before.Add(after.Sub(before) / 2)
+	return time.UnixMicro(us).Sub(mid)
+}
+
+// TestFakeTimeFile steps a running server's clock back by writing its
+// FakeTimeFile, and checks that the step shows in UTC_TIMESTAMP and lasts
+// across a restart.
+func TestFakeTimeFile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "faketime")
+	if err := os.WriteFile(file, []byte("+0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startWith(t, mariadb.Config{FakeTimeFile: file})
+	db := open(t, s.DSN(""))
+	if off := serverClockOffset(ctx, t, db); off < -time.Second || off > time.Second {
+		t.Fatalf("offset at the start: got %v; want about 0", off)
+	}
+	if err := os.WriteFile(file, []byte("-30\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var off time.Duration
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if off = serverClockOffset(ctx, t, db); off < -29*time.Second {
+			break
+		}
+	}
+	if off < -31*time.Second || off > -29*time.Second {
+		t.Fatalf("offset after writing -30: got %v; want about -30s", off)
+	}
+	s.Kill()
+	if err := s.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if off := serverClockOffset(ctx, t, db); off < -31*time.Second || off > -29*time.Second {
+		t.Fatalf("offset after a restart: got %v; want about -30s", off)
+	}
+	if _, err := mariadb.StartWith(ctx, mariadb.Config{FakeTime: "+1d", FakeTimeFile: file}); err == nil {
+		t.Fatal("StartWith with FakeTime and FakeTimeFile: got nil error; want one")
+	}
+}

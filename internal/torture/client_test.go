@@ -380,6 +380,11 @@ func (c *client) fairLock(g int, rng *rand.Rand, base context.Context, owner boo
 			err := m.Lock(ctx)
 			close(stop)
 			<-looked
+			if err == nil {
+				// A waiter granted at once was never seen waiting: its
+				// ticket, which it holds until Unlock, is read now.
+				c.lookOnce(g, s, name)
+			}
 			return true, err
 		},
 	})
@@ -399,24 +404,28 @@ func (c *client) lookForTicket(g int, s *dsync.Session, name string, stop <-chan
 			return
 		case <-t.C:
 		}
-		call := now()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		sess := s.ID()
-		seqs, err := c.tickets(ctx, name, sess)
-		cancel()
-		if err != nil || len(seqs) != 1 {
-			// None yet, or a ticket a fault left behind beside this call's:
-			// which is whose is not known.
-			continue
-		}
-		seq := seqs[0]
-		c.rec.mu.Lock()
-		c.rec.next++
-		id := c.rec.next
-		c.rec.mu.Unlock()
-		c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
-		c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seq, Sess: sess, Res: "ok"})
+		c.lookOnce(g, s, name)
 	}
+}
+
+// lookOnce records the ticket the session holds for name, if it holds one.
+func (c *client) lookOnce(g int, s *dsync.Session, name string) {
+	call := now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	sess := s.ID()
+	seqs, err := c.tickets(ctx, name, sess)
+	cancel()
+	if err != nil || len(seqs) != 1 {
+		// None yet, or a ticket a fault left behind beside this call's:
+		// which is whose is not known.
+		return
+	}
+	c.rec.mu.Lock()
+	c.rec.next++
+	id := c.rec.next
+	c.rec.mu.Unlock()
+	c.rec.emit(Event{G: g, ID: id, Type: "call", TS: call, Op: opTicket, Name: name})
+	c.rec.ret(g, id, Event{Op: opTicket, Name: name, Seq: seqs[0], Sess: sess, Res: "ok"})
 }
 
 // tickets returns the numbers of the tickets the session holds for name.
@@ -503,4 +512,39 @@ func (c *client) lockTx(g int, rng *rand.Rand, base context.Context, owner bool,
 	id = c.rec.call(g, Event{Op: op, Name: name})
 	err = f()
 	c.rec.ret(g, id, result(Event{Op: op, Name: name}, err))
+	if op == opRTS && err == nil {
+		c.lockTxAgain(g, rng, base, owner, s, tx, m, e.Fence)
+	}
+}
+
+// lockTxAgain runs LockTx again in tx after a ROLLBACK TO SAVEPOINT that
+// ended tx's hold of m (fence fence): it must fail (ErrNotHeld), since a
+// hold that ended never comes back. Had it returned nil, tx would claim
+// the hold it had, so it is recorded as an acquisition with that hold's
+// fence (or the one Fence reports), which the model finds illegal whatever
+// happened meanwhile (fences only go up). It then writes the register in
+// tx and rolls tx back.
+func (c *client) lockTxAgain(g int, rng *rand.Rand, base context.Context, owner bool, s *dsync.Session, tx *sql.Tx, m *dsync.Mutex, fence int64) {
+	ctx, cancel := deadline(rng, base, 20*time.Millisecond, 2*time.Second)
+	defer cancel()
+	name := m.Name()
+	id := c.rec.call(g, Event{Op: opLockTx, Name: name, Owner: owner})
+	err := m.LockTx(ctx, tx)
+	e := result(Event{Op: opLockTx, Name: name, Sess: s.ID()}, err)
+	if err == nil {
+		e.Fence = fence
+		if f := m.Fence(); f != 0 {
+			e.Fence = f
+		}
+	}
+	c.rec.ret(g, id, e)
+	if err != nil {
+		return
+	}
+	if e.Fence != 0 {
+		c.write(g, tx, name, e.Fence)
+	}
+	id = c.rec.call(g, Event{Op: opRollback, Name: name})
+	err = tx.Rollback()
+	c.rec.ret(g, id, result(Event{Op: opRollback, Name: name}, err))
 }

@@ -86,6 +86,12 @@ func TestModel(t *testing.T) {
 			ev(1, 0, 1, 20, opFairLock, "f", "", 0, 0)[:1], ev(1, 0, 2, 30, opTicket, "f", "ok", 0, 2),
 			[]Event{{Proc: 1, G: 0, ID: 1, Type: "ret", TS: 50, Op: opFairLock, Name: "f", Res: "ok", Fence: 7, Sess: 2}}, ev(1, 0, 3, 60, opUnlock, "f", "ok", 0, 0),
 		), nil, "FairMutex order"},
+		{"FairMutex: a lower ticket number after the line emptied", history(
+			ev(1, 0, 1, 20, opFairLock, "f", "", 0, 0)[:1], ev(1, 0, 2, 30, opTicket, "f", "ok", 0, 2),
+			[]Event{{Proc: 1, G: 0, ID: 1, Type: "ret", TS: 50, Op: opFairLock, Name: "f", Res: "ok", Fence: 7, Sess: 2}}, ev(1, 0, 3, 60, opUnlock, "f", "ok", 0, 0),
+			ev(0, 0, 1, 70, opFairLock, "f", "", 0, 0)[:1], ev(0, 0, 2, 80, opTicket, "f", "ok", 0, 1), ev(0, 0, 3, 100, opTicket, "f", "ok", 0, 1),
+			[]Event{{Proc: 0, G: 0, ID: 1, Type: "ret", TS: 200, Op: opFairLock, Name: "f", Res: "ok", Fence: 8, Sess: 1}}, ev(0, 0, 4, 210, opUnlock, "f", "ok", 0, 0),
+		), nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Ticket numbers: client 0's is 1, client 1's is 2.

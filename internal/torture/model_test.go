@@ -567,9 +567,14 @@ func smallest(ops []porcupine.Operation, t0 int64) (text string, first, last int
 // is granted only when no live ticket of the name with a smaller number
 // waits. Observable consequence, checked here: FairMutex.Lock calls A and B
 // of one name by different clients both returned nil; B's waiter was seen
-// holding ticket sB and A's ticket sA < sB; and A's ticket was seen still
-// waiting at a time after B's Lock returned (so B was granted while A's
-// earlier ticket waited). A's Lock returned nil later, so its session's
+// holding ticket sB and A's ticket sA < sB; and A's ticket was seen both
+// before B's Lock returned and still waiting after (so B was granted while
+// A's earlier ticket waited). Seen before matters: a number comes again
+// once every ticket above it is gone (qTicketInsert numbers a ticket above
+// the name's highest live one), so a ticket A took after B's hold and line
+// ended may carry a number below B's. A ticket seen while B's ticket
+// existed (B's holds until its Unlock, after its Lock returned) and
+// numbered below it was taken before it. A's Lock returned nil later, so its session's
 // lease was live throughout (without WithReplaceLostLease a lost lease
 // makes Lock fail; with it, only tickets of the lease Lock returned on
 // count) and its ticket was live: B overtook a live waiter.
@@ -583,7 +588,9 @@ func (b *builder) checkFIFO() []anomaly {
 		for _, a := range ops {
 			for _, tA := range a.tickets {
 				for _, bb := range ops {
-					if bb.client == a.client || tA.at <= bb.ret {
+					if bb.client == a.client || tA.at <= bb.ret || !slices.ContainsFunc(a.tickets, func(t ticketSeen) bool {
+						return t.seq == tA.seq && t.at <= bb.ret
+					}) {
 						continue
 					}
 					for _, tB := range bb.tickets {

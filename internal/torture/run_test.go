@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ var (
 	flagTTL        = flag.Duration("torture.ttl", 2*time.Second, "the sessions' TTL")
 	flagNemesis    = flag.String("torture.nemesis", "stop,kill,killconn,latency,cut,drop,server", "the nemesis's faults, comma-separated")
 	flagOut        = flag.String("torture.out", "", "directory to write the history to (default: a temporary directory, on failure only)")
+	flagDSNTZ      = flag.String("torture.dsn-tz", "", "a time_zone (e.g. +05:00) for the DSN of every other client process (odd ones), unlike the server's")
 )
 
 func TestMain(m *testing.M) {
@@ -71,6 +73,10 @@ func TestTorture(t *testing.T) {
 		ttl:        *flagTTL,
 		nemesis:    strings.Split(*flagNemesis, ","),
 		out:        *flagOut,
+		dsnTZ:      *flagDSNTZ,
+		target:     "server",
+		summary:    *flagSummary,
+		mutant:     *flagMutant,
 	}
 	run(t, cfg)
 }
@@ -84,6 +90,10 @@ type config struct {
 	ttl        time.Duration
 	nemesis    []string
 	out        string
+	dsnTZ      string // the DSN time_zone of the odd client processes ("": the server's)
+	target     string // what the clients run against, for the summary: "server", "galera"
+	summary    string // the file to write the run's Summary to ("": none)
+	mutant     string // the mutant the tree carries, for the summary
 }
 
 // fault is one entry of the nemesis's schedule.
@@ -103,6 +113,7 @@ var faultWeights = map[string]int{nemStop: 2, nemCut: 2}
 func schedule(cfg config) []fault {
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6e656d65736973))
 	var out []fault
+	lastForward := -time.Hour // of the clock
 	if len(cfg.nemesis) == 0 || cfg.nemesis[0] == "" {
 		return nil
 	}
@@ -125,6 +136,8 @@ func schedule(cfg config) []fault {
 			f.dur = time.Duration(rng.Int64N(int64(cfg.ttl) * 3 / 2))
 		case nemServer:
 			f.dur = time.Duration(200+rng.IntN(1800)) * time.Millisecond
+		case nemClock:
+			f.dur = clockStep(rng, cfg.ttl, at, &lastForward)
 		}
 		out = append(out, f)
 	}
@@ -156,6 +169,13 @@ type harness struct {
 	events []Event // guarded by mu
 	faults map[string]int
 	wg     sync.WaitGroup // readers of the clients' output
+
+	// The clock nemesis's (clock_test.go): the server's libfaketime file,
+	// the sum of the steps written to it, and the server's clock minus
+	// the machine's before any step.
+	clockPath   string
+	clockOffset time.Duration
+	clockBase   time.Duration
 }
 
 func (h *harness) record(e Event) {
@@ -165,20 +185,38 @@ func (h *harness) record(e Event) {
 }
 
 func run(t *testing.T, cfg config) {
+	began := time.Now()
 	t.Logf("torture: seed %d, %v, %d processes x %d goroutines, TTL %v, nemesis %s",
 		cfg.seed, cfg.duration, cfg.procs, cfg.goroutines, cfg.ttl, strings.Join(cfg.nemesis, ","))
+	if cfg.dsnTZ != "" {
+		t.Logf("torture: the odd client processes' DSN has time_zone '%s'", cfg.dsnTZ)
+	}
 	ctx := context.Background()
-	server, err := mariadb.Start(ctx)
+	var scfg mariadb.Config
+	if slices.Contains(cfg.nemesis, nemClock) {
+		path, err := clockFile(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		scfg.FakeTimeFile = path
+	}
+	server, err := mariadb.StartWith(ctx, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { server.Stop() })
-	h := &harness{t: t, cfg: cfg, server: server, faults: map[string]int{}}
+	h := &harness{t: t, cfg: cfg, server: server, faults: map[string]int{}, clockPath: scfg.FakeTimeFile}
 	h.admin, err = sql.Open("mysql", server.DSN(""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.admin.Close() })
+	if h.clockPath != "" {
+		if h.clockBase, _, err = h.serverOffset(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("torture: the server runs under libfaketime (%s); its clock is %v off the machine's", h.clockPath, h.clockBase)
+	}
 	names := append([]string{rwName}, mutexNames...)
 	for g := range cfg.goroutines {
 		names = append(names, fairName(g))
@@ -255,6 +293,7 @@ func run(t *testing.T, cfg config) {
 	checkStart := time.Now()
 	b := build(events, cfg.ttl, logKeys)
 	anomalies, timedOut := b.check(time.Minute, h.start)
+	checkTook := time.Since(checkStart)
 	ops := 0
 	for _, p := range b.parts {
 		ops += len(p)
@@ -268,7 +307,19 @@ func run(t *testing.T, cfg config) {
 	sort.Strings(fs)
 	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen; faults: %d (%s); run %v, check %v",
 		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), total, strings.Join(fs, ", "),
-		elapsed.Round(time.Millisecond), time.Since(checkStart).Round(time.Millisecond))
+		elapsed.Round(time.Millisecond), checkTook.Round(time.Millisecond))
+	if h.clockPath != "" {
+		if off, _, err := h.serverOffset(ctx); err == nil {
+			t.Logf("torture: after %d clock steps the server's clock is %v off the machine's (the steps sum to %v)",
+				h.faults[nemClock], off.Round(time.Millisecond), h.clockOffset.Round(time.Millisecond))
+		}
+	}
+	if cfg.summary != "" {
+		err := h.writeSummary(runResult{began: began, events: events, modelOps: ops, anomalies: anomalies, timedOut: timedOut, check: checkTook})
+		if err != nil {
+			t.Errorf("write the summary: %v", err)
+		}
+	}
 	if len(timedOut) > 0 {
 		t.Logf("torture: the check of %v ran out of time (inconclusive, not a failure)", timedOut)
 	}
@@ -303,7 +354,9 @@ func run(t *testing.T, cfg config) {
 		var sb strings.Builder
 		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration, len(plan))
 		for _, e := range events {
-			if e.Proc == -1 {
+			if e.Proc == -1 && (e.Op == nemClock || e.Op == nemClockSeen) {
+				sb.WriteString(clockLine(e, h.start))
+			} else if e.Proc == -1 {
 				fmt.Fprintf(&sb, "  %8.3fs %-8s client %d.%d for %v\n", float64(e.TS-h.start)/1e9, e.Op, e.G, e.Inc, time.Duration(e.Dur).Round(time.Millisecond))
 			}
 		}
@@ -329,15 +382,24 @@ func (h *harness) spawn(p *proc) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	reg := cfg.FormatDSN()
-	cfg.User = p.user
-	cfg.Addr = p.proxy.Addr()
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
 	// A LockTx transaction that writes the register holds its row: others
-	// wait for it at most this long.
+	// wait for it at most this long. Set on the parsed config: appended as
+	// "&..." to a DSN without a "?", it became part of the database's name,
+	// and every register write and ticket look outside a LockTx
+	// transaction failed with error 1049, unknown database.
 	cfg.Params["innodb_lock_wait_timeout"] = "2"
+	// The register's DSN: straight to the server, as root.
+	reg := cfg.FormatDSN()
+	cfg.User = p.user
+	cfg.Addr = p.proxy.Addr()
+	if h.cfg.dsnTZ != "" && p.n%2 == 1 {
+		// A connection time_zone unlike the server's: expiries judged on
+		// the session's clock (NOW()) instead of UTC_TIMESTAMP() move.
+		cfg.Params["time_zone"] = "'" + h.cfg.dsnTZ + "'"
+	}
 	// A connection whose reply the proxy dropped never hears back: the
 	// client's own statements (its transactions' COMMIT and ROLLBACK, which
 	// take no ctx) give up after this; it is longer than any wait of
@@ -350,7 +412,7 @@ func (h *harness) spawn(p *proc) {
 		envProc+"="+strconv.Itoa(p.n),
 		envInc+"="+strconv.Itoa(p.inc),
 		envDSN+"="+cfg.FormatDSN(),
-		envRegDSN+"="+reg+"&innodb_lock_wait_timeout=2",
+		envRegDSN+"="+reg,
 		envSeed+"="+strconv.FormatUint(h.cfg.seed, 10),
 		envTTL+"="+h.cfg.ttl.String(),
 		envUntil+"="+strconv.FormatInt(h.until, 10),
@@ -439,6 +501,8 @@ func (h *harness) nemesis(plan []fault) {
 			p.proxy.Cut(false)
 		case nemDrop:
 			p.proxy.DropNextReply()
+		case nemClock:
+			h.stepClock(ctx, f.dur)
 		case nemServer:
 			h.server.Kill()
 			time.Sleep(f.dur)
