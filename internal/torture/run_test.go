@@ -341,7 +341,11 @@ func run(t *testing.T, cfg config) {
 	}
 	if failed {
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration, len(plan))
+		target := "torture"
+		if cfg.db != nil {
+			target = "torture-galera"
+		}
+		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make %s SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), target, cfg.seed, cfg.duration, len(plan))
 		for _, e := range events {
 			if e.Proc == -1 && isNodeFault(e.Op) {
 				fmt.Fprintf(&sb, "  %8.3fs %-8s node %d for %v: %s\n", float64(e.TS-h.start)/1e9, e.Op, e.G+1, time.Duration(e.Dur).Round(time.Millisecond), e.Err)
