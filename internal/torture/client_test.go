@@ -26,6 +26,7 @@ const (
 	envTTL        = "DSYNC_TORTURE_TTL"
 	envUntil      = "DSYNC_TORTURE_UNTIL" // CLOCK_MONOTONIC ns at which to stop
 	envGoroutines = "DSYNC_TORTURE_GOROUTINES"
+	envNoLockTx   = "DSYNC_TORTURE_NO_LOCKTX" // set: no LockTx (a Galera cluster)
 )
 
 // The lock names every client uses: Mutex names (Lock, TryLock, LockTx),
@@ -52,6 +53,9 @@ type client struct {
 	ttl   time.Duration
 	until int64
 	seed  uint64
+	// noLockTx leaves LockTx out (Galera does not support it): its share
+	// goes to Lock and TryLock.
+	noLockTx bool
 
 	mu   sync.Mutex
 	sess *dsync.Session // the current session, nil between sessions; guarded by mu
@@ -74,6 +78,8 @@ func runClient() int {
 		ttl:   ttl,
 		until: atoi(envUntil),
 		seed:  uint64(atoi(envSeed)),
+
+		noLockTx: os.Getenv(envNoLockTx) != "",
 	}
 	var err error
 	if c.db, err = sql.Open("mysql", os.Getenv(envDSN)); err != nil {
@@ -233,6 +239,8 @@ func (c *client) work(g int) {
 			c.mutexLock(g, rng, base, owner, s, false)
 		case r < 45:
 			c.mutexLock(g, rng, base, owner, s, true)
+		case r < 60 && c.noLockTx:
+			c.mutexLock(g, rng, base, owner, s, r < 55)
 		case r < 60:
 			c.lockTx(g, rng, base, owner, s)
 		case r < 75:

@@ -8,7 +8,8 @@
 //
 // All of its code is in test files, so that porcupine stays a test-only
 // dependency: go test runs a short seeded run (skipped under -short), and
-// make torture a long one (DURATION, SEED). The models, the events and
+// make torture a long one (DURATION, SEED); make torture-galera runs it on
+// a throwaway 3-node Galera cluster (build tag galera), with node faults. The models, the events and
 // what the FairMutex order check promises are described in
 // docs/VERIFICATION.md.
 package torture

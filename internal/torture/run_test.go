@@ -94,6 +94,12 @@ type config struct {
 	target     string // what the clients run against, for the summary: "server", "galera"
 	summary    string // the file to write the run's Summary to ("": none)
 	mutant     string // the mutant the tree carries, for the summary
+
+	// On a cluster (galera_test.go): the database, the node faults, and
+	// whether LockTx is left out of the clients' operations.
+	db          database // nil: a server of the run's own
+	nodeNemesis []string
+	noLockTx    bool
 }
 
 // fault is one entry of the nemesis's schedule.
@@ -148,6 +154,7 @@ func schedule(cfg config) []fault {
 // incarnation.
 type proc struct {
 	n     int
+	node  int // the database node it talks to
 	proxy *faultproxy.Proxy
 	user  string
 	inc   int
@@ -159,15 +166,16 @@ type proc struct {
 type harness struct {
 	t      *testing.T
 	cfg    config
-	server *mariadb.Server
-	admin  *sql.DB
+	db     database
+	admin  *sql.DB   // root on node 0
+	admins []*sql.DB // root on each node
 	procs  []*proc
 	until  int64 // CLOCK_MONOTONIC at which the clients stop
 	start  int64
 
 	mu     sync.Mutex
-	events []Event // guarded by mu
-	faults map[string]int
+	events []Event        // guarded by mu
+	faults map[string]int // guarded by mu
 	wg     sync.WaitGroup // readers of the clients' output
 
 	// The clock nemesis's (clock_test.go): the server's libfaketime file,
@@ -176,6 +184,13 @@ type harness struct {
 	clockPath   string
 	clockOffset time.Duration
 	clockBase   time.Duration
+}
+
+// count counts a fault of kind.
+func (h *harness) count(kind string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.faults[kind]++
 }
 
 func (h *harness) record(e Event) {
@@ -192,26 +207,37 @@ func run(t *testing.T, cfg config) {
 		t.Logf("torture: the odd client processes' DSN has time_zone '%s'", cfg.dsnTZ)
 	}
 	ctx := context.Background()
-	var scfg mariadb.Config
-	if slices.Contains(cfg.nemesis, nemClock) {
-		path, err := clockFile(t.TempDir())
+	db := cfg.db
+	var clockPath string
+	if db == nil {
+		var scfg mariadb.Config
+		if slices.Contains(cfg.nemesis, nemClock) {
+			path, err := clockFile(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			scfg.FakeTimeFile = path
+		}
+		server, err := mariadb.StartWith(ctx, scfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		scfg.FakeTimeFile = path
+		t.Cleanup(func() { server.Stop() })
+		db = single{server}
+		clockPath = scfg.FakeTimeFile
 	}
-	server, err := mariadb.StartWith(ctx, scfg)
-	if err != nil {
-		t.Fatal(err)
+	h := &harness{t: t, cfg: cfg, db: db, faults: map[string]int{}, clockPath: clockPath}
+	for i := range db.nodes() {
+		admin, err := sql.Open("mysql", db.dsn(i, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close() })
+		h.admins = append(h.admins, admin)
 	}
-	t.Cleanup(func() { server.Stop() })
-	h := &harness{t: t, cfg: cfg, server: server, faults: map[string]int{}, clockPath: scfg.FakeTimeFile}
-	h.admin, err = sql.Open("mysql", server.DSN(""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.admin.Close() })
+	h.admin = h.admins[0]
 	if h.clockPath != "" {
+		var err error
 		if h.clockBase, _, err = h.serverOffset(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -239,14 +265,18 @@ func run(t *testing.T, cfg config) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(server.Port())
 	for p := range cfg.procs {
+		node := p % db.nodes()
+		addr, err := nodeAddr(db.dsn(node, ""))
+		if err != nil {
+			t.Fatal(err)
+		}
 		px, err := faultproxy.New(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { px.Close() })
-		h.procs = append(h.procs, &proc{n: p, proxy: px, user: "torture" + strconv.Itoa(p), inc: -1})
+		h.procs = append(h.procs, &proc{n: p, node: node, proxy: px, user: "torture" + strconv.Itoa(p), inc: -1})
 	}
 
 	plan := schedule(cfg)
@@ -255,6 +285,13 @@ func run(t *testing.T, cfg config) {
 	for _, p := range h.procs {
 		h.spawn(p)
 	}
+	nodesDone := make(chan struct{})
+	go func() {
+		defer close(nodesDone)
+		if n, ok := db.(nodeNemesis); ok && len(cfg.nodeNemesis) > 0 {
+			n.nemesis(h, cfg.nodeNemesis)
+		}
+	}()
 	h.nemesis(plan)
 	// The clients stop at until; give them time to release and close.
 	grace := time.Duration(h.until-now()) + 2*cfg.ttl + 10*time.Second
@@ -271,7 +308,13 @@ func run(t *testing.T, cfg config) {
 		}
 	}
 	h.wg.Wait()
+	<-nodesDone // every node is up and Synced again
 	elapsed := time.Duration(now() - h.start)
+	if figures, err := checkRegisterLog(ctx, h.admins); err != nil {
+		t.Errorf("torture: the register's log: %v", err)
+	} else {
+		t.Logf("torture: the register's log: %s", figures)
+	}
 
 	logKeys := map[string]bool{}
 	rows, err := h.admin.QueryContext(ctx, "SELECT k FROM torture.torture_log")
@@ -352,10 +395,16 @@ func run(t *testing.T, cfg config) {
 	}
 	if failed {
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make torture SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), cfg.seed, cfg.duration, len(plan))
+		target := "torture"
+		if cfg.db != nil {
+			target = "torture-galera"
+		}
+		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make %s SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), target, cfg.seed, cfg.duration, len(plan))
 		for _, e := range events {
 			if e.Proc == -1 && (e.Op == nemClock || e.Op == nemClockSeen) {
 				sb.WriteString(clockLine(e, h.start))
+			} else if e.Proc == -1 && isNodeFault(e.Op) {
+				fmt.Fprintf(&sb, "  %8.3fs %-8s node %d for %v: %s\n", float64(e.TS-h.start)/1e9, e.Op, e.G+1, time.Duration(e.Dur).Round(time.Millisecond), e.Err)
 			} else if e.Proc == -1 {
 				fmt.Fprintf(&sb, "  %8.3fs %-8s client %d.%d for %v\n", float64(e.TS-h.start)/1e9, e.Op, e.G, e.Inc, time.Duration(e.Dur).Round(time.Millisecond))
 			}
@@ -378,7 +427,7 @@ func run(t *testing.T, cfg config) {
 // spawn starts the next incarnation of client process p.
 func (h *harness) spawn(p *proc) {
 	p.inc++
-	cfg, err := mysql.ParseDSN(h.server.DSN("torture"))
+	cfg, err := mysql.ParseDSN(h.db.dsn(p.node, "torture"))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -418,6 +467,9 @@ func (h *harness) spawn(p *proc) {
 		envUntil+"="+strconv.FormatInt(h.until, 10),
 		envGoroutines+"="+strconv.Itoa(h.cfg.goroutines),
 	)
+	if h.cfg.noLockTx {
+		cmd.Env = append(cmd.Env, envNoLockTx+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -464,7 +516,7 @@ func (h *harness) nemesis(plan []fault) {
 		}
 		p := h.procs[f.target]
 		h.record(Event{Proc: -1, G: f.target, Inc: p.inc, Type: "event", TS: now(), Op: f.kind, Dur: int64(f.dur)})
-		h.faults[f.kind]++
+		h.count(f.kind)
 		switch f.kind {
 		case nemStop:
 			_ = p.cmd.Process.Signal(syscall.SIGSTOP)
@@ -478,7 +530,7 @@ func (h *harness) nemesis(plan []fault) {
 			}
 		case nemKillConn:
 			var ids []int64
-			rows, err := h.admin.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = ?", p.user)
+			rows, err := h.admins[p.node].QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = ?", p.user)
 			if err == nil {
 				for rows.Next() {
 					var id int64
@@ -489,7 +541,7 @@ func (h *harness) nemesis(plan []fault) {
 				rows.Close()
 			}
 			if len(ids) > 0 {
-				_, _ = h.admin.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(ids[rng.IntN(len(ids))], 10))
+				_, _ = h.admins[p.node].ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(ids[rng.IntN(len(ids))], 10))
 			}
 		case nemLatency:
 			p.proxy.SetLatency(time.Duration(20+rng.IntN(200)) * time.Millisecond)
@@ -504,14 +556,9 @@ func (h *harness) nemesis(plan []fault) {
 		case nemClock:
 			h.stepClock(ctx, f.dur)
 		case nemServer:
-			h.server.Kill()
-			time.Sleep(f.dur)
-			rctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if err := h.server.Restart(rctx); err != nil {
-				cancel()
+			if err := h.db.crash(ctx, f.dur); err != nil {
 				h.t.Fatalf("restart the server: %v", err)
 			}
-			cancel()
 		}
 	}
 	if wait := time.Duration(h.until - now()); wait > 0 {
