@@ -297,7 +297,7 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 		// still holds a doorbell: without the privilege to kill it, the
 		// waiters wake when their wait ends (at most 8 s).
 		var bell bool
-		if err := c.QueryRowContext(ctx, q.isBell, conn).Scan(&bell); err == nil && bell {
+		if err := c.QueryRowContext(ctx, q.isBell, conn, conn).Scan(&bell); err == nil && bell {
 			_, _ = c.ExecContext(ctx, qKillBell, conn)
 		}
 	}

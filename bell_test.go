@@ -367,33 +367,19 @@ func TestLockOnRowHeldByItselfDoesNotSpin(t *testing.T) {
 }
 
 // doorbellConn returns the server's id of the connection that holds
-// session s's current doorbell, or 0 when none does.
+// session s's current doorbell, read from its lease row, or 0 when none
+// does.
 func doorbellConn(t *testing.T, db *sql.DB, s *dsync.Session) int64 {
 	t.Helper()
-	_, conn := heldBell(t, db, s.ID())
-	return conn
-}
-
-// heldBell returns the generation of session id's doorbell that a waiter
-// finds (see bellNowSQL in queries.go): the latest one held among the one
-// its lease row publishes and the 4 after it, which a session rings
-// through before it publishes again; and the server's id of the
-// connection that holds it (0: none does, and gen is the published one).
-func heldBell(t *testing.T, db *sql.DB, id int64) (gen, conn int64) {
-	t.Helper()
-	if err := db.QueryRow("SELECT bell FROM dsync_lease WHERE id = ?", id).Scan(&gen); err != nil {
+	var gen int64
+	if err := db.QueryRow("SELECT bell FROM dsync_lease WHERE id = ?", s.ID()).Scan(&gen); err != nil {
 		t.Fatal(err)
 	}
-	for k := int64(4); k >= 0; k-- {
-		var c sql.NullInt64
-		if err := db.QueryRow("SELECT IS_USED_LOCK(?)", fmt.Sprintf("dsync:%x:%x", id, gen+k)).Scan(&c); err != nil {
-			t.Fatal(err)
-		}
-		if c.Valid {
-			return gen + k, c.Int64
-		}
+	var conn sql.NullInt64
+	if err := db.QueryRow("SELECT IS_USED_LOCK(?)", fmt.Sprintf("dsync:%x:%x", s.ID(), gen)).Scan(&conn); err != nil {
+		t.Fatal(err)
 	}
-	return gen, 0
+	return conn.Int64
 }
 
 // TestUnlockAfterDoorbellConnectionKilled checks that a release, which

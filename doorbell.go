@@ -80,13 +80,6 @@ const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 1                    // most connections a session blocks on doorbells with
 	bellLate    = 5 * time.Millisecond // a block outlasts the holder's lease by this much
-	// bellLag is how many rings a session's lease row may lag behind the
-	// generation its doorbell's connection holds: the doorbell goroutine
-	// publishes a generation (a statement) only when it is bellLag past the
-	// published one, and a waiter's read of the doorbell (bellNowSQL, in
-	// queries.go, which names it as 4) finds the one held among the
-	// published one and the bellLag after it.
-	bellLag = 4
 )
 
 // bellName is the GET_LOCK name of generation gen of session id's doorbell
@@ -121,7 +114,7 @@ type doorbell struct {
 	mu        sync.Mutex     // held while c is in use
 	c         *connpool.Conn // guarded by mu; holds generation gen; nil: none now
 	gen       int64          // guarded by mu
-	published int64          // guarded by mu; the generation in the lease row: gen, or up to bellLag-1 before it
+	published int64          // guarded by mu; the generation in the lease row
 }
 
 // newDoorbell returns the doorbell of session id, not started (see arm):
@@ -284,9 +277,9 @@ func (b *doorbell) tend(ctx context.Context) (again, stop bool) {
 	case b.asked.Swap(false):
 		if err = b.advance(ctx, b.c, b.gen); err == nil {
 			b.gen++
+			b.published = b.gen
 		}
-	}
-	if err == nil && b.gen-b.published >= bellLag {
+	case b.published != b.gen:
 		if err = b.publish(ctx, b.c, b.gen); err == nil {
 			b.published = b.gen
 		}
@@ -354,8 +347,7 @@ func (b *doorbell) take(ctx context.Context, gen int64) (*connpool.Conn, error) 
 }
 
 // advance rings the doorbell on c: it takes generation gen+1 and lets gen
-// go, waking its waiters. The caller publishes gen+1 when it is bellLag
-// generations past the published one (see tend).
+// go, waking its waiters, then publishes gen+1.
 func (b *doorbell) advance(ctx context.Context, c *connpool.Conn, gen int64) error {
 	var took sql.NullInt64
 	if err := b.store.query(ctx, c, sBellRing, []any{bellName(b.id, gen+1), bellName(b.id, gen)}, &took); err != nil {
@@ -364,7 +356,7 @@ func (b *doorbell) advance(ctx context.Context, c *connpool.Conn, gen int64) err
 	if took.Int64 != 1 {
 		return errors.New("next doorbell taken by another connection")
 	}
-	return nil
+	return b.publish(ctx, c, gen+1)
 }
 
 // ringResult is what a statement that ringIn ran on the doorbell's
@@ -419,17 +411,6 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 		}
 		return false // not sent
 	}
-	if b.gen-b.published >= bellLag {
-		// The goroutine has not published yet: do it first, so that the
-		// lease row never lags more than bellLag (see bellNowSQL).
-		if err := b.publish(sctx, b.c, b.gen); err != nil {
-			if !connpool.Reusable(err) {
-				b.lose()
-			}
-			return false // not sent
-		}
-		b.published = b.gen
-	}
 	asked := b.asked.Swap(false) // this statement may ring instead
 	r := run(sctx, st, bellName(b.id, b.gen+1), bellName(b.id, b.gen))
 	if asked && r != ringRang {
@@ -449,7 +430,7 @@ func (b *doorbell) ringIn(ctx context.Context, stmt stmtIndex, run func(ctx cont
 	case ringRang:
 		b.gen++
 	}
-	if b.c == nil || b.gen-b.published >= bellLag || b.asked.Load() {
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
 		b.nudge()
 	}
 	return ran
@@ -492,7 +473,7 @@ func (b *doorbell) lend(ctx context.Context, f func(context.Context, *connpool.C
 	if !clean {
 		b.lose() // the driver may have closed it, or the statement may still run
 	}
-	if b.c == nil || b.gen-b.published >= bellLag || b.asked.Load() {
+	if b.c == nil || b.published != b.gen || b.asked.Load() {
 		b.nudge()
 	}
 	return true, err

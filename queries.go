@@ -479,34 +479,13 @@ WHERE name = ?`
 	// id, name. No row: the lock has no row. NULL id: nobody live has the
 	// lock or a claim on it; try to take it at once. bell 0: that session
 	// has no doorbell; poll.
-	qLockBell = `SELECT k.fence, l.id, ` + bellNowSQL + `, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0,
+	qLockBell = `SELECT k.fence, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), k.waiter <> 0,
   l.id <> k.holder, k.waiter = ? AND k.claimed_until > UTC_TIMESTAMP(6) FROM {lock} k LEFT JOIN {lease} l
   ON l.id IN (k.holder, IF(k.claimed_until > UTC_TIMESTAMP(6) AND k.waiter <> ?, k.waiter, 0))
      AND l.expires_at > UTC_TIMESTAMP(6)
 WHERE k.name = ?
 ORDER BY l.id = k.holder DESC LIMIT 1`
 )
-
-// bellNowSQL is the generation of the doorbell of lease row l that its
-// session holds now, as far as a waiter can tell: the highest of the
-// published one (l.bell) and the bellLag generations after it that some
-// connection holds (IS_USED_LOCK). A session publishes its generation
-// only every bellLag rings (see doorbell.tend), not after each one, which
-// saves a statement per ring; between publications it holds one of those
-// generations. Another connection holds one of them only for a moment (a
-// waiter's block on a generation that was let go, or not yet taken, lets
-// it go in the same statement), and a waiter that blocks on a generation
-// the session does not hold wakes at once and tries again, as from a ring
-// for nothing. 0 when the session has no doorbell (l.bell 0). On MySQL,
-// IS_USED_LOCK is there from 5.7.
-const bellNowSQL = `IF(l.bell = 0, 0, l.bell + ` + bellHeldSQL4 + `)`
-
-// bellHeldSQL4 is how many generations after l.bell (up to bellLag, 4)
-// the latest one a connection holds is.
-const bellHeldSQL4 = `IF(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 4)))) IS NOT NULL, 4,
-  IF(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 3)))) IS NOT NULL, 3,
-  IF(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 2)))) IS NOT NULL, 2,
-  IF(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) IS NOT NULL, 1, 0))))`
 
 // Transaction lock statements (Mutex.LockTx, see locktx.go). The first
 // five run in the caller's transaction, at whatever isolation level and
@@ -876,11 +855,11 @@ LOCK IN SHARE MODE`
 	// (qQueueRelease) rings whenever tickets exist, so the waiter leaves no
 	// marker. Args: name, ticket, mode, name. No row: nothing conflicting
 	// is ahead.
-	qTicketAhead = `SELECT t.seq, l.id, ` + bellNowSQL + `, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+	qTicketAhead = `SELECT t.seq, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
 UNION ALL
-SELECT 0, l.id, ` + bellNowSQL + `, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY 1 DESC LIMIT 1`

@@ -72,26 +72,29 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	// (wanted_until), else 0: ForceRelease kills that connection
 	// (qKillBell), which wakes the waiters, as the holder's release would
 	// have rung it. The doorbell is the generation published in the lease
-	// row or one of the few after it (see bellConnSQL). The first
+	// row or, between a ring and its publication, the next one (a ring
+	// takes the next before it lets the published one go). The first
 	// assignment reads the holder before the second frees the row
 	// (assignments run left to right).
 	qForceRelease = `UPDATE {lock} SET token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
-    COALESCE((SELECT ` + bellConnSQL + `
+    COALESCE((SELECT COALESCE(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))),
+                              IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))))
               FROM {lease} l WHERE l.id = {lock}.holder AND l.bell <> 0), 0), 0)),
   holder = 0
 WHERE name = ? AND holder <> 0
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6))`
 
 	// qIsBell reports whether the connection with the given server id
-	// holds a session's doorbell (see bellConnSQL),
+	// holds a session's doorbell (the published generation or the next),
 	// on the server that runs it: ForceRelease checks it right before
 	// qKillBell, on the connection that ran qForceRelease, so that it
 	// never kills a connection that is not a doorbell's (a proxy or load
 	// balancer that sent the two statements to different servers, whose
 	// connection ids mean different connections). Args: connection id
-	// once. One row, 1 or 0.
+	// twice. One row, 1 or 0.
 	qIsBell = `SELECT EXISTS (SELECT 1 FROM {lease} l WHERE l.bell <> 0
-  AND ? IN (` + bellConnsSQL + `))`
+  AND (IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))) = ?
+       OR IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) = ?))`
 
 	// qKillBell closes the connection that holds a forcibly released
 	// holder's doorbell, which lets the doorbell go and so wakes its
@@ -101,20 +104,3 @@ WHERE name = ? AND holder <> 0
 	// CONNECTION ADMIN / SUPER).
 	qKillBell = `KILL CONNECTION ?`
 )
-
-// bellConnSQL is the server's id of the connection that holds the doorbell
-// of lease row l (NULL: none): the generation its session holds is the
-// published one or one of the bellLag after it (see bellNowSQL), or, while
-// a ring runs, the one after those (a ring takes the next before it lets
-// the current one go); the latest one held is the session's (another
-// connection holds one only for a moment).
-const bellConnSQL = `COALESCE(` + bellConnsSQL + `)`
-
-// bellConnsSQL lists the ids of the connections that hold the generations
-// of lease row l's doorbell that bellConnSQL looks at (NULL where none).
-const bellConnsSQL = `IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 5)))),
-  IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 4)))),
-  IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 3)))),
-  IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 2)))),
-  IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))),
-  IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell))))`
