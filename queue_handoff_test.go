@@ -71,19 +71,7 @@ func TestWokenCheckWaitsForRelease(t *testing.T) {
 			}
 			t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
 
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(release, args...); err != nil {
-				tx.Rollback()
-				t.Fatal(err)
-			}
-			committed := make(chan error, 1)
-			go func() {
-				time.Sleep(300 * time.Millisecond)
-				committed <- tx.Commit()
-			}()
+			committed := releaseCommitsLater(t, db, release, args...)
 			ahead, fence, err := dsync.CheckWoken(ctx, waiting, name, next, c.exclusive, behind)
 			if cerr := <-committed; cerr != nil {
 				t.Fatal(cerr)
@@ -99,6 +87,29 @@ func TestWokenCheckWaitsForRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// releaseCommitsLater runs release (a statement that stands for a lock's
+// release) in a transaction and commits it 300ms later, in the background:
+// the returned channel gives the commit's error. Meanwhile the release's
+// row locks are held, as those of a release that rang inside its
+// statement and has not committed yet.
+func releaseCommitsLater(t *testing.T, db *sql.DB, release string, args ...any) <-chan error {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(release, args...); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		committed <- tx.Commit()
+	}()
+	return committed
 }
 
 // TestAheadReadWaitsForRelease plays the release of the ticket a waiter
@@ -141,19 +152,7 @@ func TestAheadReadWaitsForRelease(t *testing.T) {
 		t.Fatalf("read before the release: ticket %d, marked %v, %v; want %d, marked", seq, marked, err, ahead)
 	}
 
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`DELETE FROM dsync_ticket WHERE name = ? AND seq IN (?, ?)`, name, ahead, ahead+markerBase); err != nil {
-		tx.Rollback()
-		t.Fatal(err)
-	}
-	committed := make(chan error, 1)
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		committed <- tx.Commit()
-	}()
+	committed := releaseCommitsLater(t, db, `DELETE FROM dsync_ticket WHERE name = ? AND seq IN (?, ?)`, name, ahead, ahead+markerBase)
 	start := time.Now()
 	seq, marked, err = dsync.TicketAhead(ctx, waiting, name, ahead+1, true)
 	waited := time.Since(start)
