@@ -667,8 +667,17 @@ const (
 	// comes after the marker's commit and finds it, or commits first, and
 	// the marker goes behind the next live ticket ahead, or nowhere. (A
 	// marker that goes behind a ticket nobody waits on costs its release a
-	// ring; another waiter's marker there already is left as it is, the
-	// ON DUPLICATE KEY UPDATE.) Locks are taken in the order of the other
+	// ring.) A marker there already, another waiter's or one left by an
+	// earlier holder of the same number (whose ticket went without it:
+	// purged by the sweep, or deleted after an enqueue of unknown outcome;
+	// numbers come again once the line empties), gets the token of the
+	// ticket's holder, the ON DUPLICATE KEY UPDATE: the release rings only
+	// for a marker with its holder's token (qTicketReleaseRing), so a
+	// stale one kept as it was would leave the waiter unrung until
+	// bellWait. VALUES(token), not a row alias: the alias form (MySQL
+	// 8.0.19+, where VALUES() is deprecated but still works) is not
+	// accepted after a SELECT nor by MariaDB, and MySQL cannot refer to a
+	// UNION's columns there. Locks are taken in the order of the other
 	// statements that take both: the per-name row, then tickets. More
 	// args: name, mode. The marker's insert sets no LastInsertId.
 	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)
@@ -681,7 +690,7 @@ UNION ALL
 WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND (t.mode = 1 OR ? = 1)
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
 ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
-ON DUPLICATE KEY UPDATE token = {ticket}.token`
+ON DUPLICATE KEY UPDATE token = VALUES(token)`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
 	// one transaction. Row locks are local to a node there, so the order
@@ -873,8 +882,12 @@ LOCK IN SHARE MODE`
 	// ahead, a live holder of the head slot is, with seq 0: its release
 	// (qQueueRelease) rings whenever tickets exist, so the waiter leaves no
 	// marker. Last, whether a marker is behind that ticket already (left
-	// by the waiter's enqueue, see qTicketInsert, or by another waiter):
-	// then its release rings, and the waiter leaves none. That holds
+	// by the waiter's enqueue, see qTicketInsert, or by another waiter)
+	// with the token of that ticket's holder (or 1, see
+	// qTicketReleaseRing): then its release rings, and the waiter leaves
+	// none. A marker with another token was left by an earlier holder of
+	// the number and is not rung for; the waiter's qTicketWant makes it
+	// its own. That holds
 	// because the read locks each ticket it reports (in share mode, a
 	// current read) before it reports it: a release of it under way, which
 	// may have rung already inside its statement and taken the marker with
@@ -898,7 +911,7 @@ LOCK IN SHARE MODE`
 	// ahead.
 	qTicketAhead = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) IS NOT NULL)),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
-  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + `)
+  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
   AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
@@ -920,9 +933,12 @@ ORDER BY 1 DESC LIMIT 1`
 	// ticket. LastInsertId 1: the ticket was there (marker left, or left
 	// already by another waiter); 0: it is gone, check again at once. The
 	// marker's token is the lease id of the ticket's holder, whose release
-	// rings for it (see qTicketReleaseRing).
-	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
-SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder + 0 * LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
+	// rings for it (see qTicketReleaseRing); a marker there already gets
+	// it too (the ON DUPLICATE KEY UPDATE, see qTicketInsert), since one
+	// left by an earlier holder of the number has another.
+	qTicketWant = `INSERT INTO {ticket} (name, seq, holder, token, mode)
+SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder + 0 * LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE
+ON DUPLICATE KEY UPDATE token = VALUES(token)`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket

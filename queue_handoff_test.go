@@ -255,3 +255,83 @@ func TestQueuedHandoffStatements(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleMarkerRings leaves a marker behind a ticket number that a
+// waiter will wait behind, as an earlier holder of that number left it
+// (the sweep purged its crashed holder's ticket, or an enqueue of unknown
+// outcome was undone, and ticket numbers come again once the line
+// empties): its token names another lease, so the release of the new
+// holder of the number does not ring for it. A waiter that enqueues
+// behind that ticket must still be woken by its release: its enqueue
+// (single server) or its marker statement (the cluster's enqueue leaves
+// none) makes the marker its own, and its read does not take a marker
+// for another holder as its own. Before, the enqueue kept the old token,
+// the read reported the ticket marked, the waiter left no marker, and it
+// slept until bellWait (8 s) after the release. The holders keep the
+// default TTL: the block also ends with the holder's lease, so a short one
+// would hide the missed ring.
+func TestStaleMarkerRings(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		cluster bool
+	}{{"enqueue", false}, {"cluster enqueue", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.cluster {
+				defer dsync.EnqueueAsOnCluster()()
+			}
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			name := lockName(t)
+			first, holder, waiting := newSession(t), newSession(t), newSession(t)
+			m0, m1, mw := dsync.NewFairMutex(first, name), dsync.NewFairMutex(holder, name), dsync.NewFairMutex(waiting, name)
+			if err := m0.Lock(ctx); err != nil { // the head slot: the next Locks take tickets
+				t.Fatal(err)
+			}
+			lock := func(m *dsync.FairMutex) chan error {
+				got := make(chan error, 1)
+				go func() {
+					lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+					defer cancel()
+					got <- m.Lock(lctx)
+				}()
+				return got
+			}
+			got1 := lock(m1)
+			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID())
+			var ticket int64
+			if err := db.QueryRow(`SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID()).Scan(&ticket); err != nil {
+				t.Fatal(err)
+			}
+			// The stale marker: its token is a lease that does not hold the ticket.
+			const markerBase = 1 << 62
+			if _, err := db.Exec(`INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, ?, 0)`, name, ticket+markerBase, first.ID()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
+			gotw := lock(mw)
+			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, waiting.ID())
+			time.Sleep(300 * time.Millisecond) // the waiter blocks on the holder's doorbell
+			if err := m0.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got1; err != nil {
+				t.Fatalf("holder's Lock: %v", err)
+			}
+			time.Sleep(300 * time.Millisecond) // the waiter is blocked on the holder's doorbell again, if it woke
+			start := time.Now()
+			if err := m1.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-gotw; err != nil {
+				t.Fatalf("waiter's Lock: %v", err)
+			}
+			// Well below bellWait (8 s), far above a handoff (milliseconds).
+			if took := time.Since(start); took > 3*time.Second {
+				t.Fatalf("got the lock %v after the holder's Unlock; want well before bellWait (8s): the release did not ring", took.Round(time.Millisecond))
+			}
+			if err := mw.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
