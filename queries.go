@@ -677,7 +677,14 @@ const (
 	// bellWait. VALUES(token), not a row alias: the alias form (MySQL
 	// 8.0.19+, where VALUES() is deprecated but still works) is not
 	// accepted after a SELECT nor by MariaDB, and MySQL cannot refer to a
-	// UNION's columns there. Locks are taken in the order of the other
+	// UNION's columns there. The update is for markers only (holder 0): a
+	// ticket number taken already would mean that the numbering read a
+	// stale MAX (see qTicketNumber), and the waiter would take another
+	// session's ticket for its own, so there the statement fails on
+	// purpose, with an overflow of the ticket's seq (error 1690, which the
+	// server raises only where it evaluates that branch, as in
+	// qTicketReleaseRing), as the plain insert failed with 1062 before the
+	// marker joined it. Locks are taken in the order of the other
 	// statements that take both: the per-name row, then tickets. More
 	// args: name, mode. The marker's insert sets no LastInsertId.
 	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)
@@ -690,7 +697,7 @@ UNION ALL
 WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND (t.mode = 1 OR ? = 1)
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
 ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
-ON DUPLICATE KEY UPDATE token = VALUES(token)`
+ON DUPLICATE KEY UPDATE token = IF({ticket}.holder = 0, VALUES(token), {ticket}.seq + ~0)`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
 	// one transaction. Row locks are local to a node there, so the order

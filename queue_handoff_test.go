@@ -335,3 +335,67 @@ func TestStaleMarkerRings(t *testing.T) {
 		})
 	}
 }
+
+// TestEnqueueDuplicateTicketFails makes the single-server enqueue number
+// a ticket that another session holds already, as a numbering that read a
+// stale MAX would (review L2): a transaction inserts that ticket without
+// the per-name row's lock and commits while the enqueue, which did not see
+// it, waits on its key. The enqueue must fail, not take the other
+// session's ticket for its own (its marker's ON DUPLICATE KEY UPDATE also
+// covers the ticket row; a plain insert failed with 1062). Before, the
+// update wrote the waiter's token into the other session's ticket.
+func TestEnqueueDuplicateTicketFails(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	first, other, waiting := newSession(t), newSession(t), newSession(t)
+	if err := dsync.NewFairMutex(first, name).Lock(ctx); err != nil { // the head slot: the next Lock takes a ticket
+		t.Fatal(err)
+	}
+	var ticket int64
+	if err := db.QueryRow(`SELECT seq + 1 FROM dsync_queue WHERE name = ?`, name).Scan(&ticket); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	const token = 77
+	if _, err := tx.Exec(`INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, 1)`, name, ticket, other.ID(), token); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
+	got := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		got <- dsync.NewFairMutex(waiting, name).Lock(lctx)
+	}()
+	// The fault: the enqueue waits on the uncommitted ticket's key. (The
+	// server refreshes INNODB_TRX only when it was not read for 0.1 s.)
+	for waits := 0; waits == 0; {
+		time.Sleep(200 * time.Millisecond)
+		waits = countRows(t, db, `SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND LEFT(trx_query, 11) = 'INSERT INTO'`)
+		select {
+		case err := <-got:
+			t.Fatalf("Lock returned before the duplicate ticket committed: %v", err)
+		default:
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	err = <-got
+	var holder, gotToken int64
+	if err := db.QueryRow(`SELECT holder, token FROM dsync_ticket WHERE name = ? AND seq = ?`, name, ticket).Scan(&holder, &gotToken); err != nil {
+		t.Fatal(err)
+	}
+	if holder != other.ID() || gotToken != token {
+		t.Fatalf("ticket %d after the enqueue: holder %d, token %d; want holder %d, token %d (the enqueue took it for its own)", ticket, holder, gotToken, other.ID(), token)
+	}
+	if err == nil {
+		t.Fatalf("Lock: nil; want an error (ticket %d is another session's)", ticket)
+	}
+	t.Logf("Lock: %v", err)
+}
