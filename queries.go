@@ -916,7 +916,7 @@ LOCK IN SHARE MODE`
 	// lock, and the slot's release may have rung for this waiter. Args:
 	// name, ticket, mode, name. No row: nothing conflicting is
 	// ahead.
-	qTicketAhead = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) IS NOT NULL)),
+	qTicketAhead = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(` + bellNextNameSQL + `) IS NOT NULL)),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
   EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
@@ -1245,6 +1245,12 @@ const (
 const (
 	markerBase    = 1 << 62
 	markerBaseSQL = "4611686018427387904"
+
+	// bellNameSQL and bellNextNameSQL name the doorbell of the session of
+	// lease row l (see doorbell.go): its published generation, and the
+	// next one (held between a ring and its publication).
+	bellNameSQL     = "CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))"
+	bellNextNameSQL = "CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))"
 )
 
 // notAtHead is qTicketTake's answer for a ticket with live tickets ahead.

@@ -486,10 +486,12 @@ func (q *queued) wrap(op string, err error) error {
 }
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
-// go, by blocking on its session's doorbell after leaving a marker behind
-// it (qTicketWant), or, with no such ticket ahead, for the head slot's
-// holder to free it, and tells the caller's loop what to do next, as
-// awaitBell does.
+// go, by blocking on its session's doorbell, or, with no such ticket
+// ahead, for the head slot's holder to free it, and tells the caller's
+// loop what to do next, as awaitBell does. The ticket's release rings for
+// the marker behind it, which w's enqueue usually left already
+// (qTicketInsert); w leaves one (qTicketWant) only when the read of whom
+// it waits for (qTicketAhead) finds none with the holder's token.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
 	if !s.bell.usable() {
 		return waitPoll
