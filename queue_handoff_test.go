@@ -287,16 +287,7 @@ func TestStaleMarkerRings(t *testing.T) {
 			if err := m0.Lock(ctx); err != nil { // the head slot: the next Locks take tickets
 				t.Fatal(err)
 			}
-			lock := func(m *dsync.FairMutex) chan error {
-				got := make(chan error, 1)
-				go func() {
-					lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-					defer cancel()
-					got <- m.Lock(lctx)
-				}()
-				return got
-			}
-			got1 := lock(m1)
+			got1 := lockAsync(ctx, m1)
 			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID())
 			var ticket int64
 			if err := db.QueryRow(`SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID()).Scan(&ticket); err != nil {
@@ -308,7 +299,7 @@ func TestStaleMarkerRings(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
-			gotw := lock(mw)
+			gotw := lockAsync(ctx, mw)
 			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, waiting.ID())
 			time.Sleep(300 * time.Millisecond) // the waiter blocks on the holder's doorbell
 			if err := m0.Unlock(ctx); err != nil {
