@@ -100,3 +100,16 @@ func CheckWoken(ctx context.Context, s *Session, name string, ticket int64, excl
 	}
 	return s.current().tickets.checkTicket(ctx, nil, name, w, false)
 }
+
+// TicketAhead runs session s's read of whom a waiting ticket of name waits
+// for (qTicketAhead): the nearest conflicting live ticket ahead (0: the
+// head slot's holder), and whether a marker is behind it; sql.ErrNoRows
+// when nothing is ahead.
+func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exclusive bool) (seq int64, marked bool, err error) {
+	w := &waiter{ticket: ticket, mode: modeShared}
+	if exclusive {
+		w.mode = modeExclusive
+	}
+	seq, _, _, marked, err = s.current().tickets.ticketAhead(ctx, name, w)
+	return seq, marked, err
+}

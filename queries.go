@@ -649,7 +649,7 @@ const (
 	// before the MAX is read, so the MAX sees every ticket committed before
 	// it). A number can come again only after every ticket above it is
 	// gone, at the end of the line, where nobody is behind it. Args: mode,
-	// lease id, token, mode, name. LastInsertId: twice the ticket's number,
+	// lease id, token, mode, name, name, mode. LastInsertId: twice the ticket's number,
 	// plus 1 when something the ticket conflicts with is ahead of it (see
 	// ticketConflictQ; 0 added: the ticket holds the lock, unless it is
 	// exclusive, which still takes the fence with qTicketTake); 0 when the
@@ -658,11 +658,46 @@ const (
 	// take of the head slot (qQueueTake) holds until it commits, so nothing
 	// it did not see can be ahead of the ticket. (INSERT ... SELECT reads
 	// the other tables without locks at READ COMMITTED.)
+	//
+	// In the same statement it leaves the waiter's marker (see qTicketWant)
+	// behind the nearest live ticket ahead that the new one conflicts with,
+	// if any, so that the waiter need not send qTicketWant before it blocks
+	// on that ticket's doorbell: the second SELECT locks that ticket (FOR
+	// UPDATE, a current read), as qTicketWant does, so its release either
+	// comes after the marker's commit and finds it, or commits first, and
+	// the marker goes behind the next live ticket ahead, or nowhere. (A
+	// marker that goes behind a ticket nobody waits on costs its release a
+	// ring.) A marker there already, another waiter's or one left by an
+	// earlier holder of the same number (whose ticket went without it:
+	// purged by the sweep, or deleted after an enqueue of unknown outcome;
+	// numbers come again once the line empties), gets the token of the
+	// ticket's holder, the ON DUPLICATE KEY UPDATE: the release rings only
+	// for a marker with its holder's token (qTicketReleaseRing), so a
+	// stale one kept as it was would leave the waiter unrung until
+	// bellWait. VALUES(token), not a row alias: the alias form (MySQL
+	// 8.0.19+, where VALUES() is deprecated but still works) is not
+	// accepted after a SELECT nor by MariaDB, and MySQL cannot refer to a
+	// UNION's columns there. The update is for markers only (holder 0): a
+	// ticket number taken already would mean that the numbering read a
+	// stale MAX (see qTicketNumber), and the waiter would take another
+	// session's ticket for its own, so there the statement fails on
+	// purpose, with an overflow of the ticket's seq (error 1690, which the
+	// server raises only where it evaluates that branch, as in
+	// qTicketReleaseRing), as the plain insert failed with 1062 before the
+	// marker joined it. Locks are taken in the order of the other
+	// statements that take both: the per-name row, then tickets. More
+	// args: name, mode. The marker's insert sets no LastInsertId.
 	qTicketInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)
-SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,
+(SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,
          COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?, UTC_TIMESTAMP(6)
-FROM {queue} q WHERE q.name = ? FOR UPDATE`
+FROM {queue} q WHERE q.name = ? FOR UPDATE)
+UNION ALL
+(SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, '1970-01-01 00:00:00' FROM {ticket} t
+WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND (t.mode = 1 OR ? = 1)
+  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
+ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
+ON DUPLICATE KEY UPDATE token = IF({ticket}.holder = 0, VALUES(token), {ticket}.seq + ~0)`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
 	// one transaction. Row locks are local to a node there, so the order
@@ -853,29 +888,64 @@ LOCK IN SHARE MODE`
 	// waiter blocks on that doorbell (see doorbell.go). When no such ticket is
 	// ahead, a live holder of the head slot is, with seq 0: its release
 	// (qQueueRelease) rings whenever tickets exist, so the waiter leaves no
-	// marker. Args: name, ticket, mode, name. No row: nothing conflicting
-	// is ahead.
-	qTicketAhead = `SELECT t.seq, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+	// marker. Last, whether a marker is behind that ticket already (left
+	// by the waiter's enqueue, see qTicketInsert, or by another waiter)
+	// with the token of that ticket's holder (or 1, see
+	// qTicketReleaseRing): then its release rings, and the waiter leaves
+	// none. A marker with another token was left by an earlier holder of
+	// the number and is not rung for; the waiter's qTicketWant makes it
+	// its own. That holds
+	// because the read locks each ticket it reports (in share mode, a
+	// current read) before it reports it: a release of it under way, which
+	// may have rung already inside its statement and taken the marker with
+	// it, is waited for, and the ticket, gone then, is not reported; a
+	// release that comes after the read finds the marker, which was
+	// committed before the read, and rings the generation read or a later
+	// one (the one read is then free already). The generation of a
+	// ticket's doorbell is the next one when a connection holds it: a
+	// ring of that session's doorbell that is not published yet (the
+	// doorbell goroutine publishes after the statement that rang it). A
+	// ring not published yet cannot be the one this waiter is owed, which
+	// only the ticket's release sends, after it locked the ticket; so the
+	// waiter does not block on the rung generation, which would wake it at
+	// once for nothing (a take, a read and a block more). Another
+	// connection holds the next generation only for a moment (a waiter
+	// blocking on it before it is taken lets it go in the same statement);
+	// a block on it then ends at once, as for a ring for nothing. Behind
+	// the head slot the published generation is read: that read takes no
+	// lock, and the slot's release may have rung for this waiter. Args:
+	// name, ticket, mode, name. No row: nothing conflicting is
+	// ahead.
+	qTicketAhead = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(` + bellNextNameSQL + `) IS NOT NULL)),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
+  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
+  AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
 UNION ALL
-SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), 1
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY 1 DESC LIMIT 1`
 
 	// qTicketWant leaves a marker behind a ticket (seq ticket + markerBase,
 	// holder 0, never live, and above every ticket number, so every check
-	// and numbering skips it) that says a waiter waits for it:
+	// and numbering skips it) that says a waiter waits for it, when
+	// there is none (the enqueue leaves one behind the nearest conflicting
+	// ticket ahead; a waiter whose nearest one went meanwhile leaves one
+	// behind the next):
 	// its release (qTicketRelease) deletes the marker too and rings. It
 	// locks the ticket it reads, so a release either comes after it and
 	// finds the marker, or came before and the ticket is gone. Args: name,
 	// ticket. LastInsertId 1: the ticket was there (marker left, or left
 	// already by another waiter); 0: it is gone, check again at once. The
 	// marker's token is the lease id of the ticket's holder, whose release
-	// rings for it (see qTicketReleaseRing).
-	qTicketWant = `INSERT IGNORE INTO {ticket} (name, seq, holder, token, mode)
-SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder + 0 * LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE`
+	// rings for it (see qTicketReleaseRing); a marker there already gets
+	// it too (the ON DUPLICATE KEY UPDATE, see qTicketInsert), since one
+	// left by an earlier holder of the number has another.
+	qTicketWant = `INSERT INTO {ticket} (name, seq, holder, token, mode)
+SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder + 0 * LAST_INSERT_ID(1), 0 FROM {ticket} t WHERE t.name = ? AND t.seq = ? FOR UPDATE
+ON DUPLICATE KEY UPDATE token = VALUES(token)`
 
 	// qTicketDelete removes a ticket (leaving the line, or releasing the
 	// lock), found by its holder and token so that it also removes a ticket
@@ -1175,6 +1245,12 @@ const (
 const (
 	markerBase    = 1 << 62
 	markerBaseSQL = "4611686018427387904"
+
+	// bellNameSQL and bellNextNameSQL name the doorbell of the session of
+	// lease row l (see doorbell.go): its published generation, and the
+	// next one (held between a ring and its publication).
+	bellNameSQL     = "CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))"
+	bellNextNameSQL = "CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))"
 )
 
 // notAtHead is qTicketTake's answer for a ticket with live tickets ahead.

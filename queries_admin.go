@@ -77,8 +77,8 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	// assignment reads the holder before the second frees the row
 	// (assignments run left to right).
 	qForceRelease = `UPDATE {lock} SET token = 0 + 0 * LAST_INSERT_ID(IF(wanted_until > UTC_TIMESTAMP(6),
-    COALESCE((SELECT COALESCE(IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))),
-                              IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))))
+    COALESCE((SELECT COALESCE(IS_USED_LOCK(` + bellNameSQL + `),
+                              IS_USED_LOCK(` + bellNextNameSQL + `))
               FROM {lease} l WHERE l.id = {lock}.holder AND l.bell <> 0), 0), 0)),
   holder = 0
 WHERE name = ? AND holder <> 0
@@ -93,8 +93,8 @@ WHERE name = ? AND holder <> 0
 	// connection ids mean different connections). Args: connection id
 	// twice. One row, 1 or 0.
 	qIsBell = `SELECT EXISTS (SELECT 1 FROM {lease} l WHERE l.bell <> 0
-  AND (IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell)))) = ?
-       OR IS_USED_LOCK(CONCAT('dsync:', LOWER(HEX(l.id)), ':', LOWER(HEX(l.bell + 1)))) = ?))`
+  AND (IS_USED_LOCK(` + bellNameSQL + `) = ?
+       OR IS_USED_LOCK(` + bellNextNameSQL + `) = ?))`
 
 	// qKillBell closes the connection that holds a forcibly released
 	// holder's doorbell, which lets the doorbell go and so wakes its

@@ -486,16 +486,18 @@ func (q *queued) wrap(op string, err error) error {
 }
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
-// go, by blocking on its session's doorbell after leaving a marker behind
-// it (qTicketWant), or, with no such ticket ahead, for the head slot's
-// holder to free it, and tells the caller's loop what to do next, as
-// awaitBell does.
+// go, by blocking on its session's doorbell, or, with no such ticket
+// ahead, for the head slot's holder to free it, and tells the caller's
+// loop what to do next, as awaitBell does. The ticket's release rings for
+// the marker behind it, which w's enqueue usually left already
+// (qTicketInsert); w leaves one (qTicketWant) only when the read of whom
+// it waits for (qTicketAhead) finds none with the holder's token.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
 	if !s.bell.usable() {
 		return waitPoll
 	}
 	s.bell.arm() // waiters behind this one wait on its doorbell (tickets queue behind it)
-	seq, ref, left, err := s.tickets.ticketAhead(ctx, name, w)
+	seq, ref, left, marked, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
@@ -509,10 +511,13 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	case ref.gen == 0:
 		return st.unarmedPace(false) // see awaitBell
 	}
-	if seq != 0 {
-		// A ticket ahead: leave a marker, so that its release rings. (The
-		// head slot's release rings whenever tickets exist, and this one
-		// committed before the slot's holder was read.)
+	if seq != 0 && !marked {
+		// A ticket ahead without a marker: leave one, so that its release
+		// rings. (The head slot's release rings whenever tickets exist,
+		// and this one committed before the slot's holder was read. A
+		// marker there already, which the enqueue leaves behind the
+		// nearest ticket ahead, makes the release ring: the read waited
+		// for a release of that ticket under way, see qTicketAhead.)
 		there, err := s.tickets.wantTicket(ctx, name, seq)
 		if err != nil {
 			s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)

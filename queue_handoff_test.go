@@ -2,6 +2,8 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -69,19 +71,7 @@ func TestWokenCheckWaitsForRelease(t *testing.T) {
 			}
 			t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
 
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(release, args...); err != nil {
-				tx.Rollback()
-				t.Fatal(err)
-			}
-			committed := make(chan error, 1)
-			go func() {
-				time.Sleep(300 * time.Millisecond)
-				committed <- tx.Commit()
-			}()
+			committed := releaseCommitsLater(t, db, release, args...)
 			ahead, fence, err := dsync.CheckWoken(ctx, waiting, name, next, c.exclusive, behind)
 			if cerr := <-committed; cerr != nil {
 				t.Fatal(cerr)
@@ -99,21 +89,100 @@ func TestWokenCheckWaitsForRelease(t *testing.T) {
 	}
 }
 
+// releaseCommitsLater runs release (a statement that stands for a lock's
+// release) in a transaction and commits it 300ms later, in the background:
+// the returned channel gives the commit's error. Meanwhile the release's
+// row locks are held, as those of a release that rang inside its
+// statement and has not committed yet.
+func releaseCommitsLater(t *testing.T, db *sql.DB, release string, args ...any) <-chan error {
+	t.Helper()
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(release, args...); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		committed <- tx.Commit()
+	}()
+	return committed
+}
+
+// TestAheadReadWaitsForRelease plays the release of the ticket a waiter
+// waits behind, with the marker the waiter's enqueue left behind it,
+// running while the waiter reads whom it waits for: the release has
+// deleted the ticket and the marker (and rung, inside its statement) but
+// not committed. The read must wait for that commit and not report the
+// released ticket, marked: the waiter would skip its own marker and block
+// on a doorbell that already rang, until bellWait. A plain read (the code
+// before) reported it.
+func TestAheadReadWaitsForRelease(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	holder, waiting := newSession(t), newSession(t)
+	m := dsync.NewFairMutex(holder, name)
+	if err := m.Lock(ctx); err != nil { // creates the rows; the head slot
+		t.Fatal(err)
+	}
+	if err := m.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ahead int64
+	if err := db.QueryRow(`SELECT seq + 1 FROM dsync_queue WHERE name = ?`, name).Scan(&ahead); err != nil {
+		t.Fatal(err)
+	}
+	const markerBase = 1 << 62
+	for _, row := range [][]any{
+		{name, ahead, holder.ID(), 99, 1},             // the holder's ticket
+		{name, ahead + 1, waiting.ID(), 98, 1},        // the waiter's
+		{name, ahead + markerBase, 0, holder.ID(), 0}, // the waiter's marker behind the holder's ticket
+	} {
+		if _, err := db.Exec(`INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, ?)`, row...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
+	seq, marked, err := dsync.TicketAhead(ctx, waiting, name, ahead+1, true)
+	if err != nil || seq != ahead || !marked {
+		t.Fatalf("read before the release: ticket %d, marked %v, %v; want %d, marked", seq, marked, err, ahead)
+	}
+
+	committed := releaseCommitsLater(t, db, `DELETE FROM dsync_ticket WHERE name = ? AND seq IN (?, ?)`, name, ahead, ahead+markerBase)
+	start := time.Now()
+	seq, marked, err = dsync.TicketAhead(ctx, waiting, name, ahead+1, true)
+	waited := time.Since(start)
+	if cerr := <-committed; cerr != nil {
+		t.Fatal(cerr)
+	}
+	if err == nil && seq == ahead {
+		t.Fatalf("read during the release: the released ticket %d (marked %v) after %v; want the read to wait for the release's commit", seq, marked, waited)
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		t.Fatalf("read during the release: ticket %d, %v; want nothing ahead (sql.ErrNoRows)", seq, err)
+	}
+}
+
 // TestQueuedHandoffStatements counts the statements the server runs for
 // a handoff of a FairMutex, and of an RWMutex from writer to writer and
 // between a writer and a reader, between two sessions that take turns: the
 // holder unlocks while the other session's Lock is blocked on its
-// doorbell. A handoff costs the waiter's enqueue (its ticket, the read of
-// whom it waits for, its marker), its block on the doorbell, the release,
-// which rings in its own statement (qTicketReleaseRing), the woken
-// waiter's take in one statement (qTicketTakeWoken), and the releaser's
-// publication of its next doorbell generation: 8 in all (also on average
-// between a writer and a reader: a reader's woken check only reads, and a
-// reader that waited then records when its hold began, qTicketGranted, for
-// ListLocks). The code before rang after the release and counted the line
-// before the take: 10 (9.5 between a writer and a reader). The count is
-// global to the server, so other traffic (a lease renewal) can only add:
-// a few tries, and the fewest counts.
+// doorbell. A handoff costs the waiter's enqueue (its ticket, and its
+// marker behind the ticket ahead, in one statement), the read of whom it
+// waits for, its block on the doorbell, the release, which rings in its
+// own statement (qTicketReleaseRing), the woken waiter's take in one
+// statement (qTicketTakeWoken), and the releaser's publication of its
+// next doorbell generation: 6 in all (6.5 on average between a writer and
+// a reader: a reader's woken check only reads, and a reader that waited
+// then records when its hold began, qTicketGranted, for ListLocks). The
+// code before left the marker in a statement of its own: 8 (and 10
+// before that, when the release rang after it and the line was counted
+// before the take). The count is global to the server, so other traffic
+// (a lease renewal) can only add: a few tries, and the fewest counts.
 func TestQueuedHandoffStatements(t *testing.T) {
 	slowTest(t)
 	ctx := context.Background()
@@ -124,15 +193,15 @@ func TestQueuedHandoffStatements(t *testing.T) {
 		most   int64 // statements for two handoffs, there and back
 		locker func(s *dsync.Session, name string, i int) lockFuncs
 	}{
-		{"FairMutex", 16, func(s *dsync.Session, name string, _ int) lockFuncs {
+		{"FairMutex", 13, func(s *dsync.Session, name string, _ int) lockFuncs {
 			m := dsync.NewFairMutex(s, name)
 			return lockFuncs{m.Lock, m.Unlock}
 		}},
-		{"RWMutex writer to writer", 16, func(s *dsync.Session, name string, _ int) lockFuncs {
+		{"RWMutex writer to writer", 13, func(s *dsync.Session, name string, _ int) lockFuncs {
 			m := dsync.NewRWMutex(s, name)
 			return lockFuncs{m.Lock, m.Unlock}
 		}},
-		{"RWMutex writer to reader", 16, func(s *dsync.Session, name string, i int) lockFuncs {
+		{"RWMutex writer to reader", 14, func(s *dsync.Session, name string, i int) lockFuncs {
 			m := dsync.NewRWMutex(s, name)
 			if i == 1 {
 				return lockFuncs{m.RLock, m.RUnlock}
@@ -185,4 +254,139 @@ func TestQueuedHandoffStatements(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStaleMarkerRings leaves a marker behind a ticket number that a
+// waiter will wait behind, as an earlier holder of that number left it
+// (the sweep purged its crashed holder's ticket, or an enqueue of unknown
+// outcome was undone, and ticket numbers come again once the line
+// empties): its token names another lease, so the release of the new
+// holder of the number does not ring for it. A waiter that enqueues
+// behind that ticket must still be woken by its release: its enqueue
+// (single server) or its marker statement (the cluster's enqueue leaves
+// none) makes the marker its own, and its read does not take a marker
+// for another holder as its own. Before, the enqueue kept the old token,
+// the read reported the ticket marked, the waiter left no marker, and it
+// slept until bellWait (8 s) after the release. The holders keep the
+// default TTL: the block also ends with the holder's lease, so a short one
+// would hide the missed ring.
+func TestStaleMarkerRings(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		cluster bool
+	}{{"enqueue", false}, {"cluster enqueue", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.cluster {
+				defer dsync.EnqueueAsOnCluster()()
+			}
+			ctx := context.Background()
+			db := dbtest.Open(t)
+			name := lockName(t)
+			first, holder, waiting := newSession(t), newSession(t), newSession(t)
+			m0, m1, mw := dsync.NewFairMutex(first, name), dsync.NewFairMutex(holder, name), dsync.NewFairMutex(waiting, name)
+			if err := m0.Lock(ctx); err != nil { // the head slot: the next Locks take tickets
+				t.Fatal(err)
+			}
+			got1 := lockAsync(ctx, m1)
+			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID())
+			var ticket int64
+			if err := db.QueryRow(`SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID()).Scan(&ticket); err != nil {
+				t.Fatal(err)
+			}
+			// The stale marker: its token is a lease that does not hold the ticket.
+			const markerBase = 1 << 62
+			if _, err := db.Exec(`INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, 0, ?, 0)`, name, ticket+markerBase, first.ID()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
+			gotw := lockAsync(ctx, mw)
+			waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, waiting.ID())
+			time.Sleep(300 * time.Millisecond) // the waiter blocks on the holder's doorbell
+			if err := m0.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-got1; err != nil {
+				t.Fatalf("holder's Lock: %v", err)
+			}
+			time.Sleep(300 * time.Millisecond) // the waiter is blocked on the holder's doorbell again, if it woke
+			start := time.Now()
+			if err := m1.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-gotw; err != nil {
+				t.Fatalf("waiter's Lock: %v", err)
+			}
+			// Well below bellWait (8 s), far above a handoff (milliseconds).
+			if took := time.Since(start); took > 3*time.Second {
+				t.Fatalf("got the lock %v after the holder's Unlock; want well before bellWait (8s): the release did not ring", took.Round(time.Millisecond))
+			}
+			if err := mw.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestEnqueueDuplicateTicketFails makes the single-server enqueue number
+// a ticket that another session holds already, as a numbering that read a
+// stale MAX would (review L2): a transaction inserts that ticket without
+// the per-name row's lock and commits while the enqueue, which did not see
+// it, waits on its key. The enqueue must fail, not take the other
+// session's ticket for its own (its marker's ON DUPLICATE KEY UPDATE also
+// covers the ticket row; a plain insert failed with 1062). Before, the
+// update wrote the waiter's token into the other session's ticket.
+func TestEnqueueDuplicateTicketFails(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	first, other, waiting := newSession(t), newSession(t), newSession(t)
+	if err := dsync.NewFairMutex(first, name).Lock(ctx); err != nil { // the head slot: the next Lock takes a ticket
+		t.Fatal(err)
+	}
+	var ticket int64
+	if err := db.QueryRow(`SELECT seq + 1 FROM dsync_queue WHERE name = ?`, name).Scan(&ticket); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	const token = 77
+	if _, err := tx.Exec(`INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, 1)`, name, ticket, other.ID(), token); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Exec(`DELETE FROM dsync_ticket WHERE name = ?`, name) })
+	got := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		got <- dsync.NewFairMutex(waiting, name).Lock(lctx)
+	}()
+	// The fault: the enqueue waits on the uncommitted ticket's key. (The
+	// server refreshes INNODB_TRX only when it was not read for 0.1 s.)
+	for waits := 0; waits == 0; {
+		time.Sleep(200 * time.Millisecond)
+		waits = countRows(t, db, `SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND LEFT(trx_query, 11) = 'INSERT INTO'`)
+		select {
+		case err := <-got:
+			t.Fatalf("Lock returned before the duplicate ticket committed: %v", err)
+		default:
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	err = <-got
+	var holder, gotToken int64
+	if err := db.QueryRow(`SELECT holder, token FROM dsync_ticket WHERE name = ? AND seq = ?`, name, ticket).Scan(&holder, &gotToken); err != nil {
+		t.Fatal(err)
+	}
+	if holder != other.ID() || gotToken != token {
+		t.Fatalf("ticket %d after the enqueue: holder %d, token %d; want holder %d, token %d (the enqueue took it for its own)", ticket, holder, gotToken, other.ID(), token)
+	}
+	if err == nil {
+		t.Fatalf("Lock: nil; want an error (ticket %d is another session's)", ticket)
+	}
+	t.Logf("Lock: %v", err)
 }

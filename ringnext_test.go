@@ -30,16 +30,7 @@ func TestTicketReleaseRingNextTaken(t *testing.T) {
 	if err := m0.Lock(ctx); err != nil { // the head slot: the next Lock takes a ticket
 		t.Fatal(err)
 	}
-	lock := func(m *dsync.FairMutex) chan error {
-		got := make(chan error, 1)
-		go func() {
-			lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			got <- m.Lock(lctx)
-		}()
-		return got
-	}
-	got1 := lock(m1)
+	got1 := lockAsync(ctx, m1)
 	waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, holder.ID())
 	if err := m0.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -51,7 +42,7 @@ func TestTicketReleaseRingNextTaken(t *testing.T) {
 		return int64(countRows(t, db, `SELECT bell FROM dsync_lease WHERE id = ?`, holder.ID()))
 	}
 	waitRows(t, db, 10*time.Second, 1, `SELECT bell > 0 FROM dsync_lease WHERE id = ?`, holder.ID())
-	got2 := lock(m2)
+	got2 := lockAsync(ctx, m2)
 	// The waiter's marker; then it blocks on the holder's doorbell.
 	waitRows(t, db, 10*time.Second, 1, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = 0`, name)
 	time.Sleep(100 * time.Millisecond)
@@ -116,4 +107,16 @@ func connID(t *testing.T, c *sql.Conn) int64 {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// lockAsync runs m.Lock, bounded by 20 s, in a goroutine of its own, and
+// returns the channel its error comes on.
+func lockAsync(ctx context.Context, m *dsync.FairMutex) chan error {
+	got := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		got <- m.Lock(lctx)
+	}()
+	return got
 }

@@ -173,7 +173,7 @@ func TestTicketNumberedAfterBlockingEnqueue(t *testing.T) {
 		}
 	}()
 	// Wait until the enqueue is blocked on the row, then commit.
-	awaitStatement(t, db, "INSERT INTO %dsync_ticket%FOR UPDATE", 10*time.Second, "the enqueue never waited for the name's row")
+	awaitStatement(t, db, "INSERT INTO %dsync_ticket%FOR UPDATE%", 10*time.Second, "the enqueue never waited for the name's row")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}

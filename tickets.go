@@ -211,7 +211,7 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			number, err = t.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
-			if res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name); err == nil {
+			if res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name, name, mode); err == nil {
 				number, err = res.LastInsertId()
 			}
 		}
@@ -524,13 +524,18 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 // ticketAhead reads whom waiter w of name waits for (qTicketAhead): the
 // number of the nearest conflicting ticket ahead of it (0: none, it waits
 // for the head slot's holder), the doorbell of that ticket's or holder's
-// session and how long its lease has left in microseconds; sql.ErrNoRows
-// when nothing live is ahead.
-func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, err error) {
+// session (for a ticket, the next generation when a connection holds it
+// already: a ring not yet published), how long its lease has left in
+// microseconds, and whether a marker with that holder's token is behind
+// the ticket already, so that its release rings (always true for the head
+// slot, whose release rings whenever tickets exist); sql.ErrNoRows when
+// nothing live is ahead. The read waits for a release of the ticket under
+// way.
+func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked bool, err error) {
 	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left)
+		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked)
 	})
-	return seq, ref, left, err
+	return seq, ref, left, marked, err
 }
 
 // wantTicket leaves a waiter's marker behind ticket seq of name
