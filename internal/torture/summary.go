@@ -41,6 +41,10 @@ type Summary struct {
 	Cores        int      `json:"cores"`
 	OS           string   `json:"os"`
 	Server       string   `json:"server"` // SELECT VERSION()
+	// Code is the commit of the tree the run was built from (git
+	// rev-parse), with "+changes" when the tree differed from it; empty
+	// outside a git work tree (scripts/mutants.sh's copies).
+	Code string `json:"code,omitempty"`
 	// Error is set by scripts/mutants.sh when a run failed without an
 	// anomaly (the patch did not apply, the build failed, ...).
 	Error string `json:"error,omitempty"`

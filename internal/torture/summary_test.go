@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -55,6 +56,7 @@ func (h *harness) writeSummary(r runResult) error {
 		Go:              runtime.Version(),
 		Cores:           runtime.NumCPU(),
 		OS:              osName(),
+		Code:            treeCommit(),
 	}
 	for _, a := range r.anomalies {
 		check := "linearizability"
@@ -153,4 +155,19 @@ func osName() string {
 		}
 	}
 	return runtime.GOOS
+}
+
+// treeCommit returns the commit of the git work tree the test runs in,
+// with "+changes" when tracked files differ from it, or "" when there is
+// no work tree or no git.
+func treeCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	commit := strings.TrimSpace(string(out))
+	if diff, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(diff))) > 0 {
+		commit += "+changes"
+	}
+	return commit
 }

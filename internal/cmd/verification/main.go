@@ -188,7 +188,11 @@ func opsTable(ops map[string]map[string]int) string {
 
 // machineText says where a run ran.
 func machineText(s torture.Summary) string {
-	return fmt.Sprintf("Machine: %d cores, %s, %s; server %s.", s.Cores, s.OS, s.Go, s.Server)
+	m := fmt.Sprintf("Machine: %d cores, %s, %s; server %s.", s.Cores, s.OS, s.Go, s.Server)
+	if s.Code != "" {
+		m += fmt.Sprintf(" Code: %s.", s.Code)
+	}
+	return m
 }
 
 func anomalies(s torture.Summary) string {
