@@ -44,7 +44,7 @@ func (h *harness) writeSummary(r runResult) error {
 		Procs:           cfg.procs,
 		Goroutines:      cfg.goroutines,
 		TTL:             cfg.ttl.Seconds(),
-		Nemesis:         cfg.nemesis,
+		Nemesis:         allFaults(cfg),
 		DSNTZ:           cfg.dsnTZ,
 		Operations:      countOperations(r.events),
 		ModelOperations: r.modelOps,
@@ -88,8 +88,12 @@ func (h *harness) writeSummary(r runResult) error {
 // nemesis's faults whether or not the flag was set, since make torture's
 // default (NEMESIS) is not the flag's.
 func command(cfg config) string {
-	c := fmt.Sprintf("make torture DURATION=%v SEED=%d", cfg.duration, cfg.seed)
-	extra := []string{"-torture.nemesis=" + strings.Join(cfg.nemesis, ",")}
+	target := "torture"
+	if cfg.db != nil {
+		target = "torture-galera"
+	}
+	c := fmt.Sprintf("make %s DURATION=%v SEED=%d", target, cfg.duration, cfg.seed)
+	extra := []string{"-torture.nemesis=" + strings.Join(allFaults(cfg), ",")}
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "torture.duration", "torture.seed", "torture.out", "torture.summary", "torture.mutant", "torture.nemesis":
@@ -100,6 +104,12 @@ func command(cfg config) string {
 		}
 	})
 	return c + " TORTURE_FLAGS='" + strings.Join(extra, " ") + "'"
+}
+
+// allFaults returns the run's faults: the clients' and, on a cluster, the
+// nodes'.
+func allFaults(cfg config) []string {
+	return append(append([]string(nil), cfg.nemesis...), cfg.nodeNemesis...)
 }
 
 // countOperations counts the clients' operations by kind and outcome (see
