@@ -395,11 +395,7 @@ func run(t *testing.T, cfg config) {
 	}
 	if failed {
 		var sb strings.Builder
-		target := "torture"
-		if cfg.db != nil {
-			target = "torture-galera"
-		}
-		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make %s SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), target, cfg.seed, cfg.duration, len(plan))
+		fmt.Fprintf(&sb, "torture: seed %d: %d anomalies (rerun: make %s SEED=%d DURATION=%v)\nnemesis schedule (as run; the seed's plan had %d faults):\n", cfg.seed, len(anomalies), makeTarget(cfg), cfg.seed, cfg.duration, len(plan))
 		for _, e := range events {
 			if e.Proc == -1 && (e.Op == nemClock || e.Op == nemClockSeen) {
 				sb.WriteString(clockLine(e, h.start))

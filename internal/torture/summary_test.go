@@ -88,11 +88,7 @@ func (h *harness) writeSummary(r runResult) error {
 // nemesis's faults whether or not the flag was set, since make torture's
 // default (NEMESIS) is not the flag's.
 func command(cfg config) string {
-	target := "torture"
-	if cfg.db != nil {
-		target = "torture-galera"
-	}
-	c := fmt.Sprintf("make %s DURATION=%v SEED=%d", target, cfg.duration, cfg.seed)
+	c := fmt.Sprintf("make %s DURATION=%v SEED=%d", makeTarget(cfg), cfg.duration, cfg.seed)
 	extra := []string{"-torture.nemesis=" + strings.Join(allFaults(cfg), ",")}
 	flag.Visit(func(f *flag.Flag) {
 		switch f.Name {
@@ -104,6 +100,14 @@ func command(cfg config) string {
 		}
 	})
 	return c + " TORTURE_FLAGS='" + strings.Join(extra, " ") + "'"
+}
+
+// makeTarget is the make target that runs a run like cfg's.
+func makeTarget(cfg config) string {
+	if cfg.db != nil {
+		return "torture-galera"
+	}
+	return "torture"
 }
 
 // allFaults returns the run's faults: the clients' and, on a cluster, the
