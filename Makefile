@@ -10,7 +10,7 @@ GO ?= go
 # test-oldest-go runs make test with it (the go command downloads that
 # toolchain through the module proxy when it is not in the module cache),
 # with -short, which leaves out the slowest tests (slowTest in
-# mutex_test.go: those of 2 seconds or more, about five minutes of
+# mutex_test.go: those of a second or more, about five minutes of
 # waiting): make test, with the current Go, has run them.
 OLDEST_GO ?= go1.24.13
 

@@ -482,6 +482,7 @@ const heldSlack = 20 * time.Millisecond
 // writers), are listed with an age between the time they have been held
 // for sure and the time since they could have begun.
 func TestListLocksHeldIsTheHolds(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db, prefix, a, b := twoSessions(t, "held", "a", "b")
 	sessionStarted := time.Now()

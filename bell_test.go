@@ -249,6 +249,7 @@ const wakeBound = 3 * time.Second
 // wait for other than a plain Unlock: each must ring, so the waiter gets
 // the lock at once rather than after its doorbell wait times out.
 func TestDoorbellRungByEveryRelease(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	t.Run("Mutex Unlock with ctx ended (the reaper frees the row)", func(t *testing.T) {
 		name := lockName(t)
@@ -360,6 +361,7 @@ func TestTicketReleaseFindsMarkerBeingWritten(t *testing.T) {
 // it was given up, until the reaper frees it) has no doorbell to wait on;
 // Lock polls it instead of retrying without pause.
 func TestLockOnRowHeldByItselfDoesNotSpin(t *testing.T) {
+	slowTest(t)
 	s := newSession(t)
 	name := lockName(t)
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 // cuts the network), and Done closes no earlier than the last Deadline,
 // which then stays where it was.
 func TestSessionDeadline(t *testing.T) {
+	slowTest(t)
 	const ttl = time.Second
 	p, dsn := dbtest.FaultProxy(t)
 	before := time.Now()

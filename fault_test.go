@@ -950,6 +950,7 @@ func lockInFlightWhenLeaseLost(t *testing.T, kind string) {
 // block until the driver gave up on the dead connection, which a black hole
 // may never make it do).
 func TestCallsEndWithTheirSession(t *testing.T) {
+	slowTest(t)
 	const ttl = 2 * time.Second
 	bg := context.Background()
 	p, dsn := dbtest.FaultProxy(t)

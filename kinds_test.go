@@ -63,6 +63,7 @@ var kindLockers = map[string]kindLocker{
 // The code before this rule gave the two kinds separate lock spaces: both
 // held.
 func TestKindsRace(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db1, db2 := dbtest.Open(t), dbtest.Open(t)
 	s1, s2 := sessionOn(t, db1), sessionOn(t, db2)

@@ -908,6 +908,7 @@ func TestLockTxAgainAfterRollbackToSavepoint(t *testing.T) {
 // then in no transaction or has begun another one (a BEGIN run through
 // tx), and whether or not the session has seen the hold end by then.
 func TestLockTxAfterCommitThroughTx(t *testing.T) {
+	slowTest(t)
 	for _, begin := range []bool{false, true} {
 		for _, maxOpen := range txSessionDBs {
 			t.Run(fmt.Sprintf("begin=%v/maxOpen=%d", begin, maxOpen), func(t *testing.T) {

@@ -42,7 +42,7 @@ func newSession(t testing.TB, opts ...dsync.Option) *dsync.Session {
 // slowTest skips t under -short. make test runs every test; make
 // test-oldest-go, which runs the suite again with the oldest Go release the
 // module supports, passes -short to leave out these slowest ones (each
-// takes from 2 to 35 seconds, mostly waiting), so that CI stays within its
+// takes from 1 to 35 seconds, mostly waiting), so that CI stays within its
 // time budget.
 func slowTest(t *testing.T) {
 	t.Helper()

@@ -286,6 +286,7 @@ func checkName(t *testing.T, s, qs *dsync.Session, name string) {
 // locks another session held before are still held after, and the four
 // tables are intact.
 func TestRandomNamesAndOptions(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	prefix := privatePrefix("names")
 	qprefix := privatePrefix("qnames")

@@ -17,6 +17,7 @@ import (
 // connections other than the lock's. Lost updates would leave the counter
 // short; the fences logged in commit order must be strictly increasing.
 func TestMutexAcrossProcesses(t *testing.T) {
+	slowTest(t)
 	const procs, goroutines, iterations = 4, 4, 15
 	ctx := context.Background()
 	db := dbtest.Open(t)
@@ -76,6 +77,7 @@ func TestMutexAcrossProcesses(t *testing.T) {
 // TestCrashedHolderFreedAfterTTL kills a holding process with SIGKILL and
 // expects another session to get the lock within TTL + 1s.
 func TestCrashedHolderFreedAfterTTL(t *testing.T) {
+	slowTest(t)
 	const ttl = time.Second
 	name := lockName(t)
 	holder := startChild(t, childConfig{Role: "hold", Name: name, TTL: ttl})
@@ -118,6 +120,7 @@ func TestCrashedHolderFreedAfterTTL(t *testing.T) {
 // checks that its Done closes (with ErrSessionExpired) before another
 // session acquires the lock.
 func TestLeaseLossSignalledBeforeTakeover(t *testing.T) {
+	slowTest(t)
 	const ttl = time.Second
 	p, dsn := dbtest.FaultProxy(t)
 	cut, err := dsync.NewSession(context.Background(), dbtest.OpenDSN(t, dsn), dsync.WithTTL(ttl))

@@ -22,6 +22,7 @@ import (
 // hold as still there, and the waiter went back to a doorbell that had
 // already rung.
 func TestWokenCheckWaitsForRelease(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	for _, c := range []struct {
@@ -271,6 +272,7 @@ func TestQueuedHandoffStatements(t *testing.T) {
 // default TTL: the block also ends with the holder's lease, so a short one
 // would hide the missed ring.
 func TestStaleMarkerRings(t *testing.T) {
+	slowTest(t)
 	for _, c := range []struct {
 		name    string
 		cluster bool

@@ -294,6 +294,7 @@ func lostRefused(t *testing.T) (*faultproxy.Proxy, *dsync.Session) {
 // database refusing connections) ends the wait with ErrSessionClosed and
 // opens no lease after it.
 func TestReplaceLostLeaseClose(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	p, ws := lostRefused(t)
 	m := dsync.NewMutex(ws, lockName(t))
@@ -329,6 +330,7 @@ func TestReplaceLostLeaseClose(t *testing.T) {
 // the lock while the transaction runs; after its rollback the name is
 // free to others, and the session locks under a new lease.
 func TestReplaceLostLeaseTxHandOver(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	db := dbtest.Open(t)
 	name := lockName(t)
@@ -537,6 +539,7 @@ func connectorOf(t *testing.T, dsn string) sqldriver.Connector {
 // goes dark, so that the open never completes, returns ErrSessionExpired
 // once its session is lost, as every wait of a lost session does.
 func TestLostSessionEndsBellConnOpen(t *testing.T) {
+	slowTest(t)
 	bg := context.Background()
 	p, dsn := dbtest.FaultProxy(t)
 	dark, darkDSN := dbtest.FaultProxy(t)

@@ -418,6 +418,7 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 // lock until its doorbell wait ends (8 s), but take it within the poll
 // cap.
 func TestWaiterBlocksBrieflyWhenNotWanted(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	name := lockName(t)
 	db := dbtest.Open(t)

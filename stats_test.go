@@ -408,6 +408,7 @@ func TestStatsHeldEndsWithSession(t *testing.T) {
 // TestStatsRenewals: a session of TTL 1s renews every 333ms, and Stats
 // counts the renewals.
 func TestStatsRenewals(t *testing.T) {
+	slowTest(t)
 	s := newSession(t, dsync.WithTTL(time.Second))
 	deadline := time.Now().Add(10 * time.Second)
 	for s.Stats().Renewals < 3 {

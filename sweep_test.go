@@ -480,6 +480,7 @@ func TestSweepRaces(t *testing.T) {
 // nothing, not even rows marked free long ago, and that a sweeping session
 // would have deleted them.
 func TestFreeRowAgeZero(t *testing.T) {
+	slowTest(t)
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweepoff")
 	s := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))

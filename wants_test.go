@@ -60,6 +60,7 @@ func TestMutexUncontendedAfterWaitTwoStatements(t *testing.T) {
 // take and release the lock with a call that never waited (its release
 // rings for nobody). The waiter gets the lock within 3s (it took 8s).
 func TestWaiterOnSupersededClaimant(t *testing.T) {
+	slowTest(t)
 	ctx := context.Background()
 	admin := dbtest.Open(t)
 	claimant, waiter := newSession(t), newSession(t)
