@@ -85,14 +85,14 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 	defer func() { <-lq.enq }()
 
 	token := s.nextToken()
+	// Goroutines of this process enqueue one at a time (lq.enq), so when
+	// none holds or waits, none is ahead of this one.
+	lq.mu.Lock()
+	idle := !lq.held && len(lq.reads) == 0 && len(lq.line) == 0
+	lq.mu.Unlock()
+	busy := s.tickets.busy.has(name)
 	if mode == modeExclusive {
-		// Goroutines of this process enqueue one at a time (lq.enq), so
-		// when none holds or waits, none is ahead of this one.
-		lq.mu.Lock()
-		idle := !lq.held && len(lq.reads) == 0 && len(lq.line) == 0
-		try := idle && (!wait || !s.tickets.busy.has(name))
-		lq.mu.Unlock()
-		if try {
+		if idle && (!wait || !busy) {
 			fence, unknown, err := s.tickets.takeSlot(ctx, c, name, token)
 			if unknown {
 				// The take may have landed: free the slot.
@@ -106,12 +106,15 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 				return &waiter{ticket: headSlot, token: token, mode: mode}, fence, nil
 			}
 			s.tickets.busy.set(name, true)
+			busy = true
 		}
 		if !wait {
 			return nil, 0, nil // held or waited for: TryLock never takes a ticket
 		}
 	}
-	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, c, name, token, mode)
+	// The marker goes with the enqueue only where something is likely to
+	// be ahead: a name found busy, or held or waited for in this process.
+	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, c, name, token, mode, busy || !idle)
 	if unknown {
 		// The ticket may be in the table: remove it.
 		s.undo(ctx, orphan{name: name, token: token, ticket: true})
@@ -120,10 +123,14 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 		return nil, 0, err
 	}
 	w := &waiter{ticket: ticket, token: token, mode: mode, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
-	if !ahead && mode == modeExclusive {
+	switch {
+	case !ahead && busy:
 		// Nothing ahead of a writer: the line is free. (Nothing ahead of
-		// a reader means only no writer ahead.)
+		// a reader means only no writer ahead: a writer's Lock may then
+		// try the slot in vain once.)
 		s.tickets.busy.set(name, false)
+	case ahead && !busy:
+		s.tickets.busy.set(name, true) // a reader's next enqueue leaves its marker at once
 	}
 	lq.mu.Lock()
 	lq.line = append(lq.line, w)

@@ -30,12 +30,14 @@ type tickets struct {
 	createRow func(ctx context.Context, c *call, name string) error
 
 	// busy holds the names whose last take of the head slot by this
-	// session found the lock held or waited for: the session's next
-	// exclusive Lock of such a name enqueues at once instead of trying
-	// the slot first (a statement that writes nothing then, but waits for
-	// the per-name row's lock behind the enqueues of the others), until a
-	// take of the slot (a TryLock) succeeds or a writer's enqueue finds
-	// nothing ahead. It outlives the name's local state
+	// session found the lock held or waited for, or whose last enqueue
+	// found something ahead: the session's next exclusive Lock of such a
+	// name enqueues at once instead of trying the slot first (a statement
+	// that writes nothing then, but waits for the per-name row's lock
+	// behind the enqueues of the others), and every enqueue of it leaves
+	// its marker in the same statement (qTicketInsert), until a take of
+	// the slot (a TryLock) succeeds or an enqueue finds nothing ahead. It
+	// outlives the name's local state
 	// (localQueue), which goes with the last hold and call of the
 	// process: under contention every Lock of a session starts anew.
 	busy busyNames
@@ -187,7 +189,10 @@ func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insertTicket inserts a ticket, creating the name's row when it is
 // missing, and returns its number and whether the enqueue saw something
 // conflicting ahead of it (a live ticket, or the head slot held; see
-// qTicketInsert). After an error whose outcome is unknown (unknown set)
+// qTicketInsert). With mark, a single server's enqueue also leaves the
+// waiter's marker behind the nearest conflicting ticket ahead (qTicketInsert);
+// without it the insert is qTicketInsertAlone, cheaper where nothing is
+// ahead (a waiter then leaves its marker with qTicketWant). After an error whose outcome is unknown (unknown set)
 // the ticket may be in the table: the caller removes it (see undo).
 //
 // The name's row may go at any moment while no ticket of the name exists
@@ -203,7 +208,7 @@ func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insert, so a sweep may delete it again meanwhile; that takes a pass
 // marking it and another one the free-row age later, so a few attempts
 // suffice.
-func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token int64, mode int) (ticket int64, ahead, unknown bool, err error) {
+func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token int64, mode int, mark bool) (ticket int64, ahead, unknown bool, err error) {
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
@@ -211,7 +216,12 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			number, err = t.insertTicketTx(ctx, name, token, mode)
 		} else {
 			var res sql.Result
-			if res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name, name, mode); err == nil {
+			if mark {
+				res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name, name, mode)
+			} else {
+				res, err = t.st.exec(ctx, sTicketInsertAlone, mode, t.id, token, mode, name)
+			}
+			if err == nil {
 				number, err = res.LastInsertId()
 			}
 		}
