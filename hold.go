@@ -71,16 +71,21 @@ func (h *holdCtx) Err() error {
 	return h.Context.Err()
 }
 
-// runHeld is Do: it takes the hold with lock(ctx), runs fn with the
-// hold's context, and releases the hold with unlock, also when fn panics
-// or calls runtime.Goexit. The lease of the hold is s.current() read once
-// the lock is held. what names the hold (see holdContext).
-func runHeld(ctx context.Context, s *Session, what string, lock, unlock func(context.Context) error, fn func(context.Context) error) (err error) {
+// runHeld is Do (op "do") and RDo ("rdo") of the lock called name: it
+// takes the hold with lock(ctx), runs fn with the hold's context, and
+// releases the hold with unlock, also when fn panics or calls
+// runtime.Goexit. The lease of the hold is s.current() read once the lock
+// is held.
+func runHeld(ctx context.Context, s *Session, op, name string, lock, unlock func(context.Context) error, fn func(context.Context) error) (err error) {
 	if fn == nil {
-		return opErrorf(fmt.Errorf("%w: nil fn", ErrInvalidOption), "%s", what)
+		return opErrorf(fmt.Errorf("%w: nil fn", ErrInvalidOption), "%s %q", op, name)
 	}
 	if err := lock(ctx); err != nil {
 		return err
+	}
+	what := fmt.Sprintf("hold of %q", name)
+	if op == "rdo" {
+		what = "read " + what
 	}
 	hctx, release := holdContext(ctx, s.current(), what)
 	defer func() {
@@ -132,23 +137,23 @@ func runHeld(ctx context.Context, s *Session, what string, lock, unlock func(con
 // As with Lock, without an owner in ctx a Lock of m inside fn waits for
 // ever: the hold is not reentrant.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, m.s, fmt.Sprintf("hold of %q", m.name), m.Lock, m.Unlock, fn)
+	return runHeld(ctx, m.s, "do", m.name, m.Lock, m.Unlock, fn)
 }
 
 // Do locks m, runs fn and unlocks m, as [Mutex.Do] does.
 func (m *FairMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, m.q.s, fmt.Sprintf("hold of %q", m.q.name), m.Lock, m.Unlock, fn)
+	return runHeld(ctx, m.q.s, "do", m.q.name, m.Lock, m.Unlock, fn)
 }
 
 // Do takes the write lock, runs fn and releases it, as [Mutex.Do] does.
 func (rw *RWMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, rw.q.s, fmt.Sprintf("hold of %q", rw.q.name), rw.Lock, rw.Unlock, fn)
+	return runHeld(ctx, rw.q.s, "do", rw.q.name, rw.Lock, rw.Unlock, fn)
 }
 
 // RDo takes a read lock (RLock), runs fn and releases it (RUnlock), as
 // [Mutex.Do] does.
 func (rw *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, rw.q.s, fmt.Sprintf("read hold of %q", rw.q.name), rw.RLock, rw.RUnlock, fn)
+	return runHeld(ctx, rw.q.s, "rdo", rw.q.name, rw.RLock, rw.RUnlock, fn)
 }
 
 // Locker returns a [sync.Locker] whose Lock and Unlock are m's, for APIs
