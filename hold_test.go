@@ -64,67 +64,66 @@ func TestDo(t *testing.T) {
 			if err != errWork {
 				t.Fatalf("Do: got %v; want fn's error itself", err)
 			}
-			if ok, err := l.tryLock(bg); !ok || err != nil {
-				t.Fatalf("another session's TryLock after Do: got %v, %v; want true, nil", ok, err)
-			}
-			if err := l.unlock(bg); err != nil {
-				t.Fatal(err)
-			}
+			takesAtOnce(t, "after Do", l.tryLock, l.unlock)
 		})
 	}
 }
 
-// TestDoReleasesWhenCallerCancelled cancels the caller's ctx while fn runs:
-// fn's ctx ends with it, and Do still releases the lock itself (no release
-// error, nothing left to the background), so another session takes it at
-// once.
-func TestDoReleasesWhenCallerCancelled(t *testing.T) {
+// TestDoReleases ends Do in the ways that could leave the lock behind:
+// the caller's ctx cancelled while fn runs (fn's ctx ends with it, and Do
+// still releases the lock itself: no release error, nothing left to the
+// background), and a panic in fn (Do releases the lock and the panic goes
+// on, with its value). Another session takes the lock at once after each.
+func TestDoReleases(t *testing.T) {
 	bg := context.Background()
-	name := lockName(t)
-	m := dsync.NewMutex(newSession(t), name)
-	other := dsync.NewMutex(newSession(t), name)
-	ctx, cancel := context.WithCancel(bg)
-	defer cancel()
-	err := m.Do(ctx, func(ctx context.Context) error {
-		cancel()
-		<-ctx.Done()
-		return ctx.Err()
-	})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Do: got %v; want fn's context.Canceled", err)
+	boom := errors.New("boom")
+	tests := []struct {
+		name string
+		do   func(t *testing.T, m *dsync.Mutex)
+	}{
+		{"caller cancelled", func(t *testing.T, m *dsync.Mutex) {
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			err := m.Do(ctx, func(ctx context.Context) error {
+				cancel()
+				<-ctx.Done()
+				return ctx.Err()
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Do: got %v; want fn's context.Canceled", err)
+			}
+			if strings.Contains(err.Error(), "unlock") {
+				t.Fatalf("Do: got %q; want no release error (the release must not use the cancelled ctx)", err)
+			}
+		}},
+		{"fn panics", func(t *testing.T, m *dsync.Mutex) {
+			defer func() {
+				if r := recover(); r != boom {
+					t.Fatalf("recovered: got %v; want fn's panic value", r)
+				}
+			}()
+			m.Do(bg, func(context.Context) error { panic(boom) })
+			t.Fatal("Do returned; want fn's panic")
+		}},
 	}
-	if strings.Contains(err.Error(), "unlock") {
-		t.Fatalf("Do: got %q; want no release error (the release must not use the cancelled ctx)", err)
-	}
-	if ok, err := other.TryLock(bg); !ok || err != nil {
-		t.Fatalf("another session's TryLock right after Do: got %v, %v; want true, nil", ok, err)
-	}
-	if err := other.Unlock(bg); err != nil {
-		t.Fatal(err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			name := lockName(t)
+			other := dsync.NewMutex(newSession(t), name)
+			tt.do(t, dsync.NewMutex(newSession(t), name))
+			takesAtOnce(t, "after Do", other.TryLock, other.Unlock)
+		})
 	}
 }
 
-// TestDoPanicReleases panics in fn: Do releases the lock and the panic
-// goes on, with its value.
-func TestDoPanicReleases(t *testing.T) {
-	bg := context.Background()
-	name := lockName(t)
-	m := dsync.NewMutex(newSession(t), name)
-	other := dsync.NewMutex(newSession(t), name)
-	boom := errors.New("boom")
-	func() {
-		defer func() {
-			if r := recover(); r != boom {
-				t.Fatalf("recovered: got %v; want fn's panic value", r)
-			}
-		}()
-		m.Do(bg, func(context.Context) error { panic(boom) })
-		t.Fatal("Do returned; want fn's panic")
-	}()
-	if ok, err := other.TryLock(bg); !ok || err != nil {
-		t.Fatalf("another session's TryLock after the panic: got %v, %v; want true, nil", ok, err)
+// takesAtOnce checks that another session's TryLock takes the lock (then
+// releases it).
+func takesAtOnce(t *testing.T, when string, tryLock func(context.Context) (bool, error), unlock func(context.Context) error) {
+	t.Helper()
+	if ok, err := tryLock(context.Background()); !ok || err != nil {
+		t.Fatalf("another session's TryLock %s: got %v, %v; want true, nil", when, ok, err)
 	}
-	if err := other.Unlock(bg); err != nil {
+	if err := unlock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
