@@ -224,19 +224,23 @@ func TestDoContextEndsBeforeTakeover(t *testing.T) {
 }
 
 // TestDoContextEndsWithClose closes the session while fn runs: fn's ctx
-// ends with a cause wrapping ErrSessionClosed.
+// ends with a cause wrapping ErrSessionClosed, and Do reports it.
 func TestDoContextEndsWithClose(t *testing.T) {
 	s := newSession(t)
 	closed := make(chan error, 1)
+	var cause error
 	err := dsync.NewMutex(s, lockName(t)).Do(context.Background(), func(ctx context.Context) error {
 		go func() { closed <- s.Close() }()
 		select {
 		case <-ctx.Done():
-		case <-time.After(10 * time.Second):
-			return errors.New("ctx still open 10s after Close")
+			cause = context.Cause(ctx)
+		case <-time.After(5 * time.Second):
 		}
-		return context.Cause(ctx)
+		return cause
 	})
+	if !errors.Is(cause, dsync.ErrSessionClosed) {
+		t.Fatalf("cause of fn's ctx after Close: got %v; want ErrSessionClosed", cause)
+	}
 	if !errors.Is(err, dsync.ErrSessionClosed) {
 		t.Fatalf("Do: got %v; want ErrSessionClosed", err)
 	}
@@ -248,27 +252,23 @@ func TestDoContextEndsWithClose(t *testing.T) {
 // TestDoContextSeesPausedLease moves the local deadline of the hold's
 // lease into the past, as a pause of the process past it would, on a
 // session made WithReplaceLostLease: Err of fn's ctx reports the loss at
-// once, before the keep-alive goroutine has run, and its Done is closed.
+// once, before the keep-alive goroutine has run, its Done is closed, and
+// its cause wraps ErrSessionExpired.
 func TestDoContextSeesPausedLease(t *testing.T) {
 	s := newSession(t, dsync.WithReplaceLostLease())
-	err := dsync.NewMutex(s, lockName(t)).Do(context.Background(), func(ctx context.Context) error {
+	var err, cause error
+	done := false
+	dsync.NewMutex(s, lockName(t)).Do(context.Background(), func(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			t.Errorf("fn's ctx before the pause: got %v; want nil", err)
 		}
 		dsync.ExpireLocally(s)
-		err := ctx.Err()
-		if err == nil {
-			return errors.New("fn's ctx after the lease's deadline passed: Err is nil; want an error")
-		}
-		select {
-		case <-ctx.Done():
-		default:
-			t.Error("fn's ctx: Err is not nil but Done is open")
-		}
-		return context.Cause(ctx)
+		err, done, cause = ctx.Err(), isClosed(ctx.Done(), 0), context.Cause(ctx)
+		return nil
 	})
-	if !errors.Is(err, dsync.ErrSessionExpired) {
-		t.Fatalf("Do: got %v; want ErrSessionExpired", err)
+	if err == nil || !done || !errors.Is(cause, dsync.ErrSessionExpired) {
+		t.Fatalf("fn's ctx right after the lease's deadline passed: got Err %v, Done closed %v, cause %v; want an error, true, ErrSessionExpired",
+			err, done, cause)
 	}
 }
 
