@@ -42,7 +42,8 @@ var (
 	ErrInvalidName = errors.New("dsync: invalid lock name")
 
 	// ErrInvalidOption is returned by [NewSession] for a bad option value or
-	// a nil *sql.DB.
+	// a nil *sql.DB, by [Mutex.LockTx] for a nil *sql.Tx, and by
+	// [Mutex.Do] (and the other locks' Do and RDo) for a nil function.
 	ErrInvalidOption = errors.New("dsync: invalid option")
 
 	// ErrLockUpgrade is returned by a write Lock (RWMutex.Lock, or

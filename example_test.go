@@ -159,6 +159,80 @@ func ExampleSession_Done() {
 	// Output: session closed
 }
 
+// Do holds the lock while fn runs, and fn's context ends when the hold is
+// lost (the session's lease, before any other process could take the
+// lock) or the caller's ctx ends: check it before each write the lock
+// protects. Do releases the lock even when ctx was cancelled or fn panics.
+func ExampleMutex_Do() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	m := dsync.NewMutex(session, "invoice-run")
+	err = m.Do(ctx, func(ctx context.Context) error {
+		for batch := 1; batch <= 3; batch++ {
+			if ctx.Err() != nil {
+				return context.Cause(ctx) // wraps ErrSessionExpired when the hold was lost
+			}
+			fmt.Println("invoicing batch", batch)
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, dsync.ErrSessionExpired):
+		fmt.Println("the hold was lost: another process may be running the invoices")
+	case err != nil:
+		log.Fatal(err)
+	}
+	// Output:
+	// invoicing batch 1
+	// invoicing batch 2
+	// invoicing batch 3
+}
+
+// cacheRefresher refreshes a cache under whatever sync.Locker it is
+// given: a sync.Mutex for one process, a dsync Locker for all of them.
+type cacheRefresher struct {
+	mu        sync.Locker
+	refreshes int
+}
+
+func (c *cacheRefresher) refresh() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshes++
+}
+
+// Locker adapts a Mutex to code that takes a sync.Locker. Its Lock waits
+// without a deadline, and it panics where the Mutex would return an error
+// such as ErrSessionExpired (see Mutex.Locker): use Do where the work
+// must stop when the session is lost.
+func ExampleMutex_Locker() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	session, err := dsync.NewSession(context.Background(), db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	c := &cacheRefresher{mu: dsync.NewMutex(session, "cache-refresh").Locker()}
+	c.refresh()
+	fmt.Println("refreshes:", c.refreshes)
+	// Output: refreshes: 1
+}
+
 // A session's statistics published with expvar: GET /debug/vars on a
 // server using http.DefaultServeMux shows them as JSON. expvar.Publish
 // panics on a name already taken, so this one names the session.

@@ -173,6 +173,9 @@ func TestMisuse(t *testing.T) {
 		{"LockTx nil tx", func(t *testing.T, s *dsync.Session, name string) error {
 			return dsync.NewMutex(s, name).LockTx(bg, nil)
 		}, dsync.ErrInvalidOption},
+		{"Do nil fn", func(t *testing.T, s *dsync.Session, name string) error {
+			return dsync.NewMutex(s, name).Do(bg, nil)
+		}, dsync.ErrInvalidOption},
 		{"LockTx by the owner holding it through Lock", func(t *testing.T, s *dsync.Session, name string) error {
 			m, owner := dsync.NewMutex(s, name), dsync.WithOwner(bg)
 			mustLock(t, m, owner)
