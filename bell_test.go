@@ -55,6 +55,15 @@ var waitKinds = []struct {
 	{"FairMutex", fairOps, fairOps},
 	{"RWMutex writer, readers waiting", writerOps, readerOps},
 	{"RWMutex reader, writers waiting", readerOps, writerOps},
+	{"Semaphore", semOps, semOps},
+}
+
+// semOps are the acquisition and release of the one permit of a Semaphore
+// of limit 1.
+func semOps(s *dsync.Session, name string) (func(context.Context) error, func(context.Context) error) {
+	m := dsync.NewSemaphore(s, name, 1)
+	return func(ctx context.Context) error { return m.Acquire(ctx, 1) },
+		func(ctx context.Context) error { return m.Release(ctx, 1) }
 }
 
 func mutexOps(s *dsync.Session, name string) (func(context.Context) error, func(context.Context) error) {

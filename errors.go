@@ -59,15 +59,17 @@ var (
 
 	// ErrSchemaVersion is returned by [NewSession] when the tables of its
 	// prefix were created by a version of dsync that lays them out
-	// differently (schema version 6 added the held_since columns that
+	// differently (schema version 7 added the Semaphore's columns, version
+	// 6 the held_since columns that
 	// ListLocks reads; version 5 the lock table's kind, which
 	// makes one name one lock across kinds; version 4 the queued locks'
 	// head slot and the txlock table, version 3 the clean-up of free rows); dsync never
-	// alters tables. Tables of version 5 can be upgraded in place: the
-	// error names the statements (three ALTER TABLE ... ADD COLUMN and an
-	// UPDATE of the version), which an operator runs once; processes of
-	// version 5 keep working on them, but their holds show a wrong age in
-	// ListLocks. Else, to move to this version, stop every process of the old
+	// alters tables. Tables of version 6 or 5 can be upgraded in place:
+	// the error names the statements (for each version, three ALTER TABLE
+	// ... ADD COLUMN and an UPDATE of the version), which an operator runs
+	// once; processes of the old version keep working on them (those of
+	// version 5 show a wrong age in ListLocks, and neither may share a name
+	// with a Semaphore). Else, to move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
 	// and, if present, txlock), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in
@@ -83,10 +85,11 @@ var (
 	ErrDeadlock = errors.New("dsync: deadlock")
 
 	// ErrOtherKind is returned by Lock, TryLock, LockTx and TryLockTx of a
-	// [Mutex], and by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
-	// [RWMutex], when the name is used by the other kind of lock: a name is
-	// one lock, bound to the kind that first used it (Mutex, or the queued
-	// locks, FairMutex and RWMutex, which share one lock space) until the
+	// [Mutex], by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
+	// [RWMutex], and by Acquire and TryAcquire of a [Semaphore], when the
+	// name is used by another kind of lock: a name is one lock, bound to
+	// the kind that first used it (Mutex, the queued locks, FairMutex and
+	// RWMutex, which share one lock space, or Semaphore) until the
 	// clean-up deletes its idle rows (see [WithFreeRowAge]). The call holds
 	// nothing and does not wait for the name, not even for a transaction
 	// that holds it ([Mutex.LockTx]); only while another transaction is
@@ -94,6 +97,30 @@ var (
 	// a queued lock pauses as its back-off says (see [WithBackOff]). The
 	// wrapped message names the kind that uses the name.
 	ErrOtherKind = errors.New("dsync: name is used by another kind of lock")
+
+	// ErrInvalidLimit is returned by every method of a [Semaphore] made
+	// with a limit of 0 or less.
+	ErrInvalidLimit = errors.New("dsync: invalid semaphore limit")
+
+	// ErrInvalidPermits is returned by [Semaphore.Acquire],
+	// [Semaphore.TryAcquire] and [Semaphore.Release] for a number of
+	// permits of 0 or less, or, to acquire, above the semaphore's limit
+	// (such a request could never be granted).
+	ErrInvalidPermits = errors.New("dsync: invalid number of permits")
+
+	// ErrReleaseExceedsHeld is returned by [Semaphore.Release] when this
+	// session holds fewer permits of the name than it asks to release;
+	// nothing is released then. It wraps [ErrNotHeld], so
+	// errors.Is(err, ErrNotHeld) is true for it as well.
+	ErrReleaseExceedsHeld = fmt.Errorf("%w: release of more permits than held", ErrNotHeld)
+
+	// ErrLimitMismatch is returned by the methods of a [Semaphore] whose
+	// limit differs from the one the name is bound to: the limit of the
+	// Semaphore whose call first used the name stands for as long as the
+	// name is bound (while any session holds or waits for it, and until
+	// the clean-up deletes its idle rows, see [WithFreeRowAge]). The call
+	// holds nothing.
+	ErrLimitMismatch = errors.New("dsync: semaphore limit differs from the name's")
 
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
@@ -106,8 +133,11 @@ var (
 // wraps it with the name.
 func otherKindError(kind int) error {
 	user := "a Mutex"
-	if kind == kindRowQueued {
+	switch kind {
+	case kindRowQueued:
 		user = "a FairMutex or RWMutex"
+	case kindRowSemaphore:
+		user = "a Semaphore"
 	}
 	return fmt.Errorf("%w: %s uses it (until the clean-up deletes its idle rows, see WithFreeRowAge)", ErrOtherKind, user)
 }

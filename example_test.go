@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/go-sql-driver/mysql"
@@ -459,4 +460,49 @@ func ExampleMutex_LockTx() {
 	}
 	fmt.Println("units left:", units-1)
 	// Output: units left: 4
+}
+
+// At most two exports run at once across every process that shares the
+// database; each holder gets a fence of its own for the storage it writes.
+func ExampleSemaphore() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	exports := dsync.NewSemaphore(session, "exports", 2)
+	var running, most atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fence, err := exports.AcquireFence(ctx, 1)
+			if err != nil {
+				log.Print(err)
+				return
+			}
+			defer func() {
+				if err := exports.Release(ctx, 1); err != nil {
+					log.Print(err)
+				}
+			}()
+			n := running.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			_ = fence // ... export, handing fence to the storage ...
+			time.Sleep(20 * time.Millisecond)
+			running.Add(-1)
+		}()
+	}
+	wg.Wait()
+	fmt.Println("never more than 2 exports at once:", most.Load() <= 2)
+	// Output: never more than 2 exports at once: true
 }

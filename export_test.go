@@ -94,7 +94,7 @@ func AfterTxHandOver(f func(name string)) (restore func()) {
 // of conflicting holds and tickets ahead of it, and the fence it took (an
 // exclusive ticket with none ahead takes the lock).
 func CheckWoken(ctx context.Context, s *Session, name string, ticket int64, exclusive bool, behind int64) (ahead, fence int64, err error) {
-	w := &waiter{ticket: ticket, mode: modeShared, woken: true, behind: behind}
+	w := &waiter{ticket: ticket, want: want{mode: modeShared}, woken: true, behind: behind}
 	if exclusive {
 		w.mode = modeExclusive
 	}
@@ -106,7 +106,7 @@ func CheckWoken(ctx context.Context, s *Session, name string, ticket int64, excl
 // head slot's holder), and whether a marker is behind it; sql.ErrNoRows
 // when nothing is ahead.
 func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exclusive bool) (seq int64, marked bool, err error) {
-	w := &waiter{ticket: ticket, mode: modeShared}
+	w := &waiter{ticket: ticket, want: want{mode: modeShared}}
 	if exclusive {
 		w.mode = modeExclusive
 	}

@@ -221,6 +221,9 @@ func (s *Session) knownHolds() []orphan {
 		for _, r := range e.state.reads {
 			holds = append(holds, orphan{name: name, token: r.token, ticket: true, seq: r.ticket})
 		}
+		for _, h := range e.state.permits {
+			holds = append(holds, orphan{name: name, token: h.token, ticket: true, seq: h.ticket})
+		}
 		e.state.mu.Unlock()
 	}
 	return holds

@@ -81,9 +81,13 @@ const (
 	//
 	// kind binds the name to one kind of lock while the row exists (see
 	// "One name, one kind" below): 0 (kindRowMutex) a Mutex's, 1
-	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), whose row here
-	// is never held (holder stays 0) and whose fence only counts the
-	// creations of the name's queue row.
+	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), 3
+	// (kindRowSemaphore) a Semaphore's; the row of the last two is never
+	// held (holder stays 0) and its fence only counts the creations of the
+	// name's queue row. permits is a Semaphore's limit, written by the
+	// statement that binds the name (qQueueBind), so it stands for as long
+	// as the name stays bound: while any queue row or ticket of the name
+	// exists (see lockFree); 0 for the other kinds.
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name          VARBINARY(255) NOT NULL PRIMARY KEY,
   holder        BIGINT         NOT NULL DEFAULT 0,
@@ -96,7 +100,8 @@ const (
   idle_since    DATETIME(6)    NULL,
   idle_fence    BIGINT         NOT NULL DEFAULT 0,
   kind          TINYINT        NOT NULL DEFAULT 0,
-  held_since    DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
+  held_since    DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  permits       BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 )
 
@@ -122,6 +127,14 @@ const (
 	// began: written by the statements that take the fence, qQueueTake (the
 	// head slot) and qTicketTake (an exclusive ticket at the head), in the
 	// same statement. ListLocks reports the exclusive holder's age from it.
+	//
+	// permits is the limit of a Semaphore's line (copied from the lock
+	// row's, see qQueueBind), 0 for a FairMutex's or RWMutex's: every
+	// enqueue and take of the head slot names the permits it expects
+	// (qTicketInsert, qTicketNumber and qQueueTake 0, the semaphore's
+	// statements its limit), so a line of another kind, or a semaphore
+	// of another limit, reads as a missing row, and its creation
+	// (createQueueRow) reports the difference.
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
   name       VARBINARY(255) NOT NULL PRIMARY KEY,
   seq        BIGINT         NOT NULL DEFAULT 0,
@@ -130,7 +143,8 @@ const (
   idle_fence BIGINT         NOT NULL DEFAULT 0,
   holder     BIGINT         NOT NULL DEFAULT 0,
   token      BIGINT         NOT NULL DEFAULT 0,
-  held_since DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00'
+  held_since DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  permits    BIGINT         NOT NULL DEFAULT 0
 ) ENGINE=InnoDB`
 
 	// qCreateTicket creates the queue entries: one row per waiter or holder
@@ -148,6 +162,11 @@ const (
 	// its turn (qTicketGranted). An exclusive ticket's hold begins with
 	// qTicketTake, which writes the queue row's held_since. ListLocks reads
 	// both (see qListTickets).
+	//
+	// mode 2 (modeWeighted) is a Semaphore's ticket, of weight permits (0
+	// in the other modes): it holds when the weights of the live tickets
+	// up to and including it add up to at most the line's limit (the queue
+	// row's permits; see qSemTake).
 	qCreateTicket = `CREATE TABLE IF NOT EXISTS {ticket} (
   name       VARBINARY(255) NOT NULL,
   seq        BIGINT         NOT NULL,
@@ -155,6 +174,7 @@ const (
   token      BIGINT         NOT NULL,
   mode       TINYINT        NOT NULL,
   held_since DATETIME(6)    NOT NULL DEFAULT '1970-01-01 00:00:00',
+  weight     BIGINT         NOT NULL DEFAULT 0,
   PRIMARY KEY (name, seq)
 ) ENGINE=InnoDB`
 
@@ -203,8 +223,11 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // lock.kind, so a Mutex and a FairMutex of one name were two locks, and
 // its code would take a name that this version's queued locks use;
 // version 5 had no held_since columns (lock, queue, ticket), which
-// ListLocks reads (qUpgradeFrom5 upgrades version 5 in place).
-const schemaVersion = 6
+// ListLocks reads (qUpgradeFrom5 upgrades version 5 in place); version 6
+// had no Semaphore columns (lock.permits, queue.permits, ticket.weight),
+// so its code would take a semaphore's line for a FairMutex's
+// (qUpgradeFrom6 upgrades version 6 in place).
+const schemaVersion = 7
 
 // qUpgradeFrom5 upgrades tables of schema version 5 to this version in
 // place: the held_since columns, as qCreateLock, qCreateQueue and
@@ -221,6 +244,20 @@ ALTER TABLE {lock} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-0
 ALTER TABLE {queue} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
 ALTER TABLE {ticket} ADD COLUMN held_since DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00';
 UPDATE {schema} SET version = 6 WHERE id = 1 AND version = 5;`
+
+// qUpgradeFrom6 upgrades tables of schema version 6 to this version in
+// place, as qUpgradeFrom5 does version 5: the columns of the Semaphore
+// (lock.permits, queue.permits, ticket.weight), as qCreateLock, qCreateQueue
+// and qCreateTicket have them, and the version record. Their defaults (0)
+// are what the rows of the other kinds have, so the rows in use stay as
+// they are. Processes of version 6 work on the upgraded tables, but must
+// not share a name with a Semaphore: their statements do not read
+// permits, and would take a semaphore's line for a FairMutex's.
+const qUpgradeFrom6 = `SET SESSION lock_wait_timeout = 5;
+ALTER TABLE {lock} ADD COLUMN permits BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE {queue} ADD COLUMN permits BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE {ticket} ADD COLUMN weight BIGINT NOT NULL DEFAULT 0;
+UPDATE {schema} SET version = 7 WHERE id = 1 AND version = 6;`
 
 // qFenceSeed is the first fence of a row created anew: the greater of the
 // server's UTC clock in microseconds since 1970 and one above the highest
@@ -357,8 +394,9 @@ WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 	// qLockAcquireFast.)
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
-	// lease holds it, otherKind when the name is the queued locks' (kind 1,
-	// see "One name, one kind"; the row is left unchanged). RowsAffected is
+	// lease holds it, otherKind plus the row's kind when the name is
+	// another kind's (see "One name, one kind"; the row is left
+	// unchanged). RowsAffected is
 	// not used: it depends on the client's clientFoundRows.
 	//
 	// A row held by this session itself counts as held, even though the
@@ -384,7 +422,7 @@ ON DUPLICATE KEY UPDATE
                    OR NOT EXISTS (SELECT 1 FROM {lease} w
                                   WHERE w.id = {lock}.waiter AND w.expires_at > UTC_TIMESTAMP(6))),
               ?, holder),
-  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(kind * ` + otherKindSQL + `)),
+  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(IF(kind = 0, 0, ` + otherKindSQL + ` + kind))),
   token = IF(holder < 0, ?, token),
   waiter = IF(holder < 0, IF(?, -1, 0), waiter),
   held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),
@@ -637,10 +675,11 @@ const (
 // Queued lock statements.
 const (
 	// qQueueCreate makes sure the per-name row of a queued lock exists,
-	// seeding its counter and fence with qFenceSeed. Args: name. It runs
-	// only in the transaction of qQueueBind, after it bound the name to
-	// the queued locks (see "One name, one kind").
-	qQueueCreate = `INSERT IGNORE INTO {queue} (name, seq, fence) VALUES (?, ` + qFenceSeed + `, ` + qFenceSeed + `)`
+	// seeding its counter and fence with qFenceSeed. Args: name, permits
+	// (the semaphore's limit, else 0). It runs only in the transaction of
+	// qQueueBind, after it bound the name to the kind and permits (see
+	// "One name, one kind"), so a row there already has the same.
+	qQueueCreate = `INSERT IGNORE INTO {queue} (name, seq, fence, permits) VALUES (?, ` + qFenceSeed + `, ` + qFenceSeed + `, ?)`
 
 	// qTicketInsert enqueues a waiter on a single server, in one statement,
 	// holding the per-name row locked while it inserts: a ticket is
@@ -686,14 +725,36 @@ const (
 	// qTicketReleaseRing), as the plain insert failed with 1062 before the
 	// marker joined it. Locks are taken in the order of the other
 	// statements that take both: the per-name row, then tickets. More
-	// args: name, mode. The marker's insert sets no LastInsertId.
+	// args: name, mode. The marker's insert sets no LastInsertId. A
+	// semaphore's row (permits not 0) reads as missing.
 	qTicketInsert = ticketInsertSQL + `(` + ticketNumberedSQL + `)
 UNION ALL
 (SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, '1970-01-01 00:00:00' FROM {ticket} t
 WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND (t.mode = 1 OR ? = 1)
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
 ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
-ON DUPLICATE KEY UPDATE token = IF({ticket}.holder = 0, VALUES(token), {ticket}.seq + ~0)`
+` + markerUpsert
+
+	// qSemInsert is qTicketInsert for a Semaphore's ticket (mode 2, see
+	// qCreateTicket), with the semaphore's rule: the flag says that the
+	// live tickets' weights and the new one's add up to more than the
+	// limit, and the marker goes behind the nearest live ticket ahead (all
+	// of them count) only then. Args: weight, lease id, token, weight,
+	// name, limit, name, weight, limit. LastInsertId as qTicketInsert's; 0
+	// also when the row has other permits (another kind's line, or a
+	// semaphore of another limit: createQueueRow says which).
+	qSemInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since)
+(SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
+       + IF(` + semWeightsQ + ` + ? > q.permits, 1, 0)) DIV 2, ?, ?, 2, ?, UTC_TIMESTAMP(6)
+FROM {queue} q WHERE q.name = ? AND q.permits = ? FOR UPDATE)
+UNION ALL
+(SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, 0, '1970-01-01 00:00:00' FROM {ticket} t
+WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
+  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
+  AND (SELECT COALESCE(SUM(mt.weight), 0) FROM {ticket} mt JOIN {lease} ml ON ml.id = mt.holder
+       WHERE mt.name = t.name AND ml.expires_at > UTC_TIMESTAMP(6)) + ? > ?
+ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
+` + markerUpsert
 
 	// qTicketInsertAlone is qTicketInsert without the marker: the enqueue
 	// of a name that the session has not found busy (see tickets.busy),
@@ -709,10 +770,9 @@ ON DUPLICATE KEY UPDATE token = IF({ticket}.holder = 0, VALUES(token), {ticket}.
 	// its SELECT of the new ticket, numbered under the per-name row's
 	// lock. Args of the SELECT: mode, lease id, token, mode, name.
 	ticketInsertSQL   = "INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)\n"
-	ticketNumberedSQL = `SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,
-         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+	ticketNumberedSQL = `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?, UTC_TIMESTAMP(6)
-FROM {queue} q WHERE q.name = ? FOR UPDATE`
+FROM {queue} q WHERE q.name = ? AND q.permits = 0 FOR UPDATE`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
 	// one transaction. Row locks are local to a node there, so the order
@@ -739,11 +799,17 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	// another one's transaction read the seq that transaction wrote but
 	// not the ticket it inserted: its reader saw no writer ahead and held
 	// the lock with it (TestClusterEnqueueSeesTicketCommittedWhileWaiting).
-	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (GREATEST(seq,
-  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = {queue}.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1)
+	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (` + ticketNumberQueue + `)
   + IF(` + ticketConflictQueue + `, 1, 0)) DIV 2
-WHERE name = ?`
-	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, held_since) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
+WHERE name = ? AND permits = 0`
+	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
+
+	// qSemNumber is qTicketNumber for a Semaphore's ticket, with the rule
+	// of qSemInsert. Args: weight, name, limit. qTicketAdd follows it, with
+	// mode 2 and the weight.
+	qSemNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (` + ticketNumberQueue + `)
+  + IF(` + semWeightsQueue + ` + ? > permits, 1, 0)) DIV 2
+WHERE name = ? AND permits = ?`
 
 	// qTicketTake takes the lock for an exclusive ticket when no live ticket
 	// is ahead of it, and with it the next fence. Args: ticket, name. It
@@ -768,6 +834,31 @@ WHERE name = ?`
   held_since = IF(LAST_INSERT_ID() = fence, UTC_TIMESTAMP(6), held_since)
 WHERE name = ?`
 
+	// qSemTake takes a fence for a Semaphore's ticket when it holds: when
+	// the weights of the live tickets up to and including it add up to at
+	// most the limit (the prefix rule). Args: ticket, name, limit.
+	// LastInsertId as qTicketTake's (0 also for a row of other permits,
+	// see qSemInsert). Once a ticket holds, it holds until it goes: the
+	// tickets ahead of it only go (or shrink, qSemShrink), later ones are
+	// numbered behind it, and an ended lease never lives again. So the
+	// holders are always a prefix of the live line, and their weights add
+	// up to at most the limit; a large request at the head is not
+	// overtaken by smaller ones behind it, whose prefix includes it. Each
+	// take adds one to the name's fence, under the row's lock, so the
+	// holders' fences are strictly increasing in the order of their takes.
+	qSemTake = `UPDATE {queue} SET
+  fence = IF((SELECT COALESCE(SUM(t.weight), 0) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+              WHERE t.name = {queue}.name AND t.seq <= ? AND l.expires_at > UTC_TIMESTAMP(6)) > permits,
+             fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
+WHERE name = ? AND permits = ?`
+
+	// qSemShrink gives back part of a Semaphore's hold (Release of fewer
+	// permits than the ticket's weight): the ticket's weight becomes the
+	// new one, if this acquisition still has the ticket and it weighs
+	// more. Args: new weight, name, lease id, token, new weight.
+	// RowsAffected 1: shrunk (idempotent: run again, it changes nothing).
+	qSemShrink = `UPDATE {ticket} SET weight = ? WHERE name = ? AND holder = ? AND token = ? AND weight > ?`
+
 	// qQueueTake takes the head slot (see qCreateQueue) for an exclusive
 	// hold, with the next fence, when no live session holds it and no live
 	// ticket of the name exists: an uncontended Lock in one statement, no
@@ -782,6 +873,8 @@ WHERE name = ?`
 	// (single server) or writes the row (cluster) until it commits, so a
 	// ticket it does not see is numbered after the take and waits for it.
 	// A slot held by this session itself counts as held (see qLockAcquire).
+	// A semaphore's row (permits not 0) reads as missing: semaphores have
+	// no head slot.
 	qQueueTake = `UPDATE {queue} SET
   holder = IF(NOT ` + slotHeldQueue + `
               AND NOT EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
@@ -791,7 +884,7 @@ WHERE name = ?`
   token = IF(holder < 0, ?, token),
   held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),
   holder = IF(holder < 0, ?, holder)
-WHERE name = ?`
+WHERE name = ? AND permits = 0`
 
 	// qQueueRelease frees the head slot if, and only if, this acquisition
 	// still holds it. Idempotent, so it also undoes a take whose outcome is
@@ -882,7 +975,16 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// wait for once it is gone), then decides as qTicketTake does. Args:
 	// ticket, name, the ticket waited behind (0: the head slot). Results as
 	// qTicketTake's.
-	qTicketTakeWoken = qTicketTake + ` AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = {queue}.name AND w.seq = ? LOCK IN SHARE MODE) >= 0`
+	qTicketTakeWoken = qTicketTake + wokenCond
+
+	// qSemTakeWoken is qSemTake for a waiter that a doorbell woke, as
+	// qTicketTakeWoken is qTicketTake. Args: ticket, name, limit, the
+	// ticket waited behind.
+	qSemTakeWoken = qSemTake + wokenCond
+
+	// wokenCond is the condition of the woken takes: a share lock on the
+	// ticket waited behind, which waits for its release to commit.
+	wokenCond = ` AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = {queue}.name AND w.seq = ? LOCK IN SHARE MODE) >= 0`
 
 	// qTicketConflictsWoken is qTicketConflicts (after 0) for a shared
 	// waiter that a doorbell woke: it reads the per-name row and the ticket
@@ -931,10 +1033,7 @@ LOCK IN SHARE MODE`
 	// lock, and the slot's release may have rung for this waiter. Args:
 	// name, ticket, mode, name. No row: nothing conflicting is
 	// ahead.
-	qTicketAhead = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(` + bellNextNameSQL + `) IS NOT NULL)),
-  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
-  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
-FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+	qTicketAhead = ticketAheadCols + `
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
   AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
 UNION ALL
@@ -942,6 +1041,31 @@ SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_a
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY 1 DESC LIMIT 1`
+
+	// ticketAheadCols is what qTicketAhead and qSemAhead read of the
+	// ticket a waiter blocks on.
+	ticketAheadCols = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(` + bellNextNameSQL + `) IS NOT NULL)),
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
+  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
+FROM {ticket} t JOIN {lease} l ON l.id = t.holder`
+
+	// qSemAhead is qTicketAhead for a Semaphore's waiting ticket, which
+	// every live ticket ahead holds back: when the weights ahead of it add
+	// up to more than the limit, the nearest ticket ahead waits too, and
+	// the waiter blocks on it (whose grant rings, see acquireTicket);
+	// else every ticket ahead holds (holders are a prefix of the line, see
+	// qSemTake), the waiter is the first that waits, and it blocks on the
+	// oldest of them, the head of the line: with holds of like length,
+	// granted in order, the first to end. (A release by another holder
+	// does not ring for it: one blocked connection waits on one doorbell;
+	// see Semaphore, "Waking".) Args: name, ticket, ticket, limit. Results
+	// as qTicketAhead's; no row: nothing live is ahead.
+	qSemAhead = ticketAheadCols + `
+WHERE t.name = ? AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)
+  AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
+ORDER BY IF((SELECT COALESCE(SUM(a.weight), 0) FROM {ticket} a JOIN {lease} al ON al.id = a.holder
+             WHERE a.name = t.name AND a.seq < ? AND al.expires_at > UTC_TIMESTAMP(6)) > ?, t.seq, -t.seq) DESC
+LIMIT 1`
 
 	// qTicketWant leaves a marker behind a ticket (seq ticket + markerBase,
 	// holder 0, never live, and above every ticket number, so every check
@@ -1026,6 +1150,25 @@ const (
 	slotHeldQ     = `EXISTS (SELECT 1 FROM {lease} hl WHERE hl.id = q.holder AND hl.expires_at > UTC_TIMESTAMP(6))`
 	slotHeldQueue = `EXISTS (SELECT 1 FROM {lease} hl WHERE hl.id = {queue}.holder AND hl.expires_at > UTC_TIMESTAMP(6))`
 
+	// ticketNumberQ and ticketNumberQueue: the number of a ticket being
+	// inserted, one above the row's counter and every ticket of the name.
+	ticketNumberQ = `GREATEST(q.seq,
+         COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = q.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1`
+	ticketNumberQueue = `GREATEST(seq,
+  COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = {queue}.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1`
+
+	// semWeightsQ and semWeightsQueue: the weights of the live tickets of
+	// the name, which are all ahead of one being numbered (markers have
+	// no lease).
+	semWeightsQ = `(SELECT COALESCE(SUM(st.weight), 0) FROM {ticket} st JOIN {lease} sl ON sl.id = st.holder
+          WHERE st.name = q.name AND sl.expires_at > UTC_TIMESTAMP(6))`
+	semWeightsQueue = `(SELECT COALESCE(SUM(st.weight), 0) FROM {ticket} st JOIN {lease} sl ON sl.id = st.holder
+          WHERE st.name = {queue}.name AND sl.expires_at > UTC_TIMESTAMP(6))`
+
+	// markerUpsert ends the enqueues' insert of a marker (see
+	// qTicketInsert).
+	markerUpsert = `ON DUPLICATE KEY UPDATE token = IF({ticket}.holder = 0, VALUES(token), {ticket}.seq + ~0)`
+
 	ticketConflictQ = `(EXISTS (SELECT 1 FROM {ticket} ct JOIN {lease} cl ON cl.id = ct.holder
           WHERE ct.name = q.name AND (ct.mode = 1 OR ? = 1) AND cl.expires_at > UTC_TIMESTAMP(6))
         OR ` + slotHeldQ + `)`
@@ -1037,8 +1180,12 @@ const (
 // One name, one kind. A name is one lock whatever kind of lock uses it:
 // the name's row in the lock table binds it to one kind while the row
 // exists (kind: 0 Mutex, including Mutex.LockTx; 1 the queued locks,
-// FairMutex and RWMutex, which share one lock space), and the other kind
-// gets ErrOtherKind. Every row of either kind is created through a write
+// FairMutex and RWMutex, which share one lock space; 3 Semaphore, whose
+// line is the queued locks' machinery with the queue row's permits not
+// 0), and the other kinds get ErrOtherKind. A Semaphore binds like a
+// queued lock (qQueueBind, with kind 3 and its limit), and the queued
+// statements tell the two lines apart by the queue row's permits (see
+// qCreateQueue), without reading the lock row. Every row of either kind is created through a write
 // of that one row, so two sessions racing with different kinds on a name
 // meet on its primary key, on a single server (the row lock) and on a
 // Galera cluster (certification: the loser's transaction is rolled back,
@@ -1083,28 +1230,48 @@ const (
 	// is no lock's, and a change of it voids the sweep's mark). It runs as
 	// its no-wait variant (noWaitSQL) where the server takes that, so that
 	// a transaction holding the row (Mutex.LockTx) gives 1205 at once
-	// instead of a wait of innodb_lock_wait_timeout. Args: name.
-	// LastInsertId otherKind: the name is a Mutex's (the row is left
-	// unchanged: roll back); else the row binds the name to the queued
-	// locks until the transaction ends.
-	qQueueBind = `INSERT INTO {lock} (name, kind, fence) VALUES (?, 1, LAST_INSERT_ID(1))
-ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + otherKindSQL + `))`
+	// instead of a wait of innodb_lock_wait_timeout. Args: name, kind
+	// (kindRowQueued or kindRowSemaphore), permits (the semaphore's limit,
+	// else 0). LastInsertId otherKind plus the row's kind: the name is
+	// another kind's; limitMismatch: a semaphore of another limit's (in
+	// both cases the row is left unchanged: roll back); else the row binds
+	// the name to the kind and permits until the transaction ends. A
+	// semaphore's limit is the one of the statement that inserted the
+	// row: it stands while the name stays bound.
+	qQueueBind = `INSERT INTO {lock} (name, kind, fence, permits) VALUES (?, ?, LAST_INSERT_ID(1), ?)
+ON DUPLICATE KEY UPDATE fence = IF(kind = VALUES(kind) AND permits = VALUES(permits), LAST_INSERT_ID(fence + 1),
+  fence + 0 * LAST_INSERT_ID(IF(kind = VALUES(kind), ` + limitMismatchSQL + `, ` + otherKindSQL + ` + kind)))`
 )
 
 // Kinds of a lock row (the kind column).
 const (
-	kindRowNone   = -1 // no row: the name is unbound (not a value of the column)
-	kindRowMutex  = 0  // Mutex
-	kindRowQueued = 1  // FairMutex, RWMutex
+	kindRowNone      = -1 // no row: the name is unbound (not a value of the column)
+	kindRowMutex     = 0  // Mutex
+	kindRowQueued    = 1  // FairMutex, RWMutex
+	kindRowSemaphore = 3  // Semaphore
 )
 
-// otherKind is the answer of qLockAcquire and qQueueBind for a name that
-// the other kind of lock uses. Fences start at qFenceSeed (about 2^51
-// today) and grow by one per acquisition, so they never reach it.
+// otherKind plus the kind of the name's row is the answer of qLockAcquire
+// and qQueueBind for a name that another kind of lock uses (see
+// otherKindOf); limitMismatch is qQueueBind's for a semaphore's name
+// bound with another limit. Fences start at qFenceSeed (about 2^51
+// today) and grow by one per acquisition, so they never reach them.
 const (
-	otherKind    = 1 << 61
-	otherKindSQL = "2305843009213693952"
+	otherKind        = 1 << 61
+	otherKindSQL     = "2305843009213693952"
+	limitMismatch    = 3 << 60
+	limitMismatchSQL = "3458764513820540928"
 )
+
+// otherKindOf reports whether v, a LastInsertId of qLockAcquire or
+// qQueueBind, says that another kind of lock uses the name, and which
+// (the kind column of its row).
+func otherKindOf(v int64) (int, bool) {
+	if v >= otherKind && v < otherKind+128 {
+		return int(v - otherKind), true
+	}
+	return 0, false
+}
 
 // Clean-up of free rows (see WithFreeRowAge and sweep.go). A sweep pass
 // walks the lock table, then the queue table, in primary-key order, in
@@ -1367,6 +1534,12 @@ const (
 	sTicketReleaseRing
 	sTicketTakeWoken
 	sTicketConflictsWoken
+	sSemInsert
+	sSemNumber
+	sSemTake
+	sSemTakeWoken
+	sSemShrink
+	sSemAhead
 	numStmts
 )
 
@@ -1377,6 +1550,7 @@ type queries struct {
 	record   string           // qSchemaRecord
 	version  string           // qSchemaVersion
 	upgrade5 string           // qUpgradeFrom5
+	upgrade6 string           // qUpgradeFrom6
 	prepared [numStmts]string // indexed by stmtIndex
 }
 
@@ -1392,6 +1566,7 @@ func newQueries(prefix string) *queries {
 		record:   r.Replace(qSchemaRecord),
 		version:  r.Replace(qSchemaVersion),
 		upgrade5: r.Replace(qUpgradeFrom5),
+		upgrade6: r.Replace(qUpgradeFrom6),
 	}
 	q.prepared[sLeaseRenew] = r.Replace(qLeaseRenew)
 	q.prepared[sLockAcquireFast] = r.Replace(qLockAcquireFast)
@@ -1462,6 +1637,12 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketReleaseRing] = r.Replace(qTicketReleaseRing)
 	q.prepared[sTicketTakeWoken] = r.Replace(qTicketTakeWoken)
 	q.prepared[sTicketConflictsWoken] = r.Replace(qTicketConflictsWoken)
+	q.prepared[sSemInsert] = r.Replace(qSemInsert)
+	q.prepared[sSemNumber] = r.Replace(qSemNumber)
+	q.prepared[sSemTake] = r.Replace(qSemTake)
+	q.prepared[sSemTakeWoken] = r.Replace(qSemTakeWoken)
+	q.prepared[sSemShrink] = r.Replace(qSemShrink)
+	q.prepared[sSemAhead] = r.Replace(qSemAhead)
 	return q
 }
 

@@ -18,7 +18,27 @@ import (
 const (
 	modeShared    = 0 // RWMutex reader
 	modeExclusive = 1 // FairMutex, RWMutex writer
+	modeWeighted  = 2 // Semaphore: holds by the weights ahead (see qSemTake)
 )
+
+// A want is what a waiter asks of the line: a mode, and for a Semaphore's
+// ticket (modeWeighted) its weight and the semaphore's limit, which its
+// statements check against the name's (see qCreateQueue). The zero
+// weight and limit are the queued locks'.
+type want struct {
+	mode   int
+	weight int64 // permits asked for; modeWeighted only
+	limit  int64 // the semaphore's limit; modeWeighted only, else 0
+}
+
+// kindOfLimit is the kind of lock row (see "One name, one kind") of a line
+// whose want has limit: a Semaphore's when it is not 0.
+func kindOfLimit(limit int64) int {
+	if limit != 0 {
+		return kindRowSemaphore
+	}
+	return kindRowQueued
+}
 
 // headSlot is the ticket number that stands for a hold in the head slot
 // (see qCreateQueue, qQueueTake) in a localQueue's ticket, a waiter's and an
@@ -46,7 +66,10 @@ type localQueue struct {
 
 	// The shared holds of this process (RWMutex readers), each one ticket
 	// that any number of local readers may share. Guarded by mu.
-	reads   []*readHold
+	reads []*readHold
+	// The Semaphore holds of this process, each one ticket, in the order
+	// they were acquired. Guarded by mu.
+	permits []*permitHold
 	rOwners map[uint64]int // read holds per owner
 	rAnon   int            // read holds without owner
 }
@@ -60,12 +83,13 @@ type readHold struct {
 // waiter is a goroutine of this process with a ticket in the line.
 type waiter struct {
 	ticket, token int64 // ticket is headSlot for a hold in the head slot
-	mode          int
-	ahead         bool          // the enqueue saw a conflicting hold or ticket ahead
-	woken         bool          // a doorbell woke it since its last check (see checkTicket)
-	behind        int64         // when woken: the ticket it waited behind, 0 the head slot's holder
-	front         chan struct{} // closed when the waiter is first in the local line
-	kick          chan struct{} // a value means: poll now, the line may have moved
+	want
+	ahead  bool          // the enqueue saw a conflicting hold or ticket ahead
+	waited bool          // its turn came after a wait (a failed check)
+	woken  bool          // a doorbell woke it since its last check (see checkTicket)
+	behind int64         // when woken: the ticket it waited behind, 0 the head slot's holder
+	front  chan struct{} // closed when the waiter is first in the local line
+	kick   chan struct{} // a value means: poll now, the line may have moved
 }
 
 // enqueue gives the calling goroutine a ticket in mode and a place at the
@@ -74,7 +98,7 @@ type waiter struct {
 // then it returns a waiter outside the line, with ticket headSlot, that
 // holds the lock, and its fence. Without wait an exclusive waiter never
 // takes a ticket: it returns nil (not obtained) when the slot is busy.
-func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
+func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQueue, wt want, wait bool) (*waiter, int64, error) {
 	select {
 	case lq.enq <- struct{}{}:
 	case <-ctx.Done():
@@ -91,7 +115,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 	idle := !lq.held && len(lq.reads) == 0 && len(lq.line) == 0
 	lq.mu.Unlock()
 	busy := s.tickets.busy.has(name)
-	if mode == modeExclusive {
+	if wt.mode == modeExclusive {
 		if idle && (!wait || !busy) {
 			fence, unknown, err := s.tickets.takeSlot(ctx, c, name, token)
 			if unknown {
@@ -103,7 +127,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 			}
 			if fence > 0 {
 				s.tickets.busy.set(name, false)
-				return &waiter{ticket: headSlot, token: token, mode: mode}, fence, nil
+				return &waiter{ticket: headSlot, token: token, want: wt}, fence, nil
 			}
 			s.tickets.busy.set(name, true)
 			busy = true
@@ -114,7 +138,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 	}
 	// The marker goes with the enqueue only where something is likely to
 	// be ahead: a name found busy, or held or waited for in this process.
-	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, c, name, token, mode, busy || !idle)
+	ticket, ahead, unknown, err := s.tickets.insertTicket(ctx, c, name, token, wt, busy || !idle)
 	if unknown {
 		// The ticket may be in the table: remove it.
 		s.undo(ctx, orphan{name: name, token: token, ticket: true})
@@ -122,7 +146,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 	if err != nil {
 		return nil, 0, err
 	}
-	w := &waiter{ticket: ticket, token: token, mode: mode, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
+	w := &waiter{ticket: ticket, token: token, want: wt, ahead: ahead, front: make(chan struct{}), kick: make(chan struct{}, 1)}
 	switch {
 	case !ahead && busy:
 		// Nothing ahead of a writer: the line is free. (Nothing ahead of
@@ -143,8 +167,10 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 
 // createQueueRow creates the name's queue row (qQueueCreate), unless it
 // exists, in one transaction with qQueueBind, which binds the name to the
-// queued locks (see "One name, one kind" in queries.go). It returns
-// ErrOtherKind when a Mutex uses the name, and creates nothing then.
+// queued locks, or with limit not 0 to a Semaphore of that limit (see "One
+// name, one kind" in queries.go). It returns ErrOtherKind when another
+// kind uses the name, ErrLimitMismatch when a Semaphore of another limit
+// does, and creates nothing then.
 //
 // The bind does not wait for a transaction that holds the lock row (the
 // no-wait variant, see noWaitSQL): a Mutex may create the row after the
@@ -154,17 +180,18 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 // at once; else (a write of the row that has not committed yet) it binds
 // again after a pause of the session's back-off, never at once; that pause
 // is a wait of the lock call c (see Stats).
-func (s *Session) createQueueRow(ctx context.Context, c *call, name string) error {
+func (s *Session) createQueueRow(ctx context.Context, c *call, name string, limit int64) error {
+	want := kindOfLimit(limit)
 	_, err := s.waitFor(ctx, c, true, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
-			kind, err := s.tickets.bindQueueRow(ctx, name)
+			kind, err := s.tickets.bindQueueRow(ctx, name, limit)
 			if isErrNo(err, errLockWaitTimeout) {
-				if kind, err = s.tickets.lockKind(ctx, name); err == nil && kind != kindRowMutex {
+				if kind, err = s.tickets.lockKind(ctx, name); err == nil && (kind == kindRowNone || kind == want) {
 					return false, nil // bind again after a pause
 				}
 			}
-			if err == nil && kind == kindRowMutex {
-				err = otherKindError(kindRowMutex)
+			if err == nil && kind != want {
+				err = otherKindError(kind)
 			}
 			if err != nil {
 				return false, stopWait{err}
@@ -202,6 +229,7 @@ func (s *Session) awaitTurn(ctx context.Context, c *call, name string, lq *local
 			return ahead == 0, err
 		},
 		bell: func(ctx context.Context, ws *waitState) waitOutcome {
+			w.waited = true
 			if lq.heldAgainst(w.mode) {
 				return waitPoll
 			}
@@ -264,13 +292,13 @@ func (lq *localQueue) kickFront() {
 // (removed, or recorded for the keep-alive to remove) and the waiter has
 // left the local line. Without wait it returns no waiter and no error when
 // the lock was not free.
-func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *localQueue, mode int, wait bool) (*waiter, int64, error) {
+func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *localQueue, wt want, wait bool) (*waiter, int64, error) {
 	var w *waiter
 	var fence int64
 	_, err := s.waitFor(ctx, c, wait, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
 			var err error
-			w, fence, err = s.enqueue(ctx, c, name, lq, mode, wait)
+			w, fence, err = s.enqueue(ctx, c, name, lq, wt, wait)
 			if err != nil && !isErrNo(err, errTooManyConnections) {
 				return false, stopWait{err}
 			}
@@ -300,6 +328,13 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 		// nothing, and the lock must not be reported held.
 		if err = s.leaseErr(); err == nil {
 			s.bell.arm()
+			if w.mode == modeWeighted && w.waited {
+				// A semaphore's waiter that blocked on this one may fit
+				// now as well (its prefix shrank by the release that let
+				// this one in): ring, so that it checks (see semaphore.go,
+				// "Waking").
+				s.bell.ring()
+			}
 			return w, fence, nil
 		}
 	}
@@ -402,7 +437,7 @@ func (q *queued) join(ctx context.Context, c *call, lq *localQueue, mode int, wa
 			return nil, 0, q.wrap(op, err)
 		}
 	}
-	w, fence, err := q.s.acquireTicket(ctx, c, q.name, lq, mode, wait)
+	w, fence, err := q.s.acquireTicket(ctx, c, q.name, lq, want{mode: mode}, wait)
 	if err != nil || w == nil {
 		q.s.queues.unref(q.name)
 		return nil, 0, q.wrap(op, err)

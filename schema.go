@@ -84,12 +84,15 @@ func createTables(ctx context.Context, c *connpool.Conn, q *queries) error {
 
 // versionError is the ErrSchemaVersion of tables that record version, and
 // says how to move them to this version: the statements that upgrade them
-// in place, for the version before this one, else dropping them.
+// in place, for the two versions before this one (version 5's upgrade,
+// then version 6's), else dropping them.
 func versionError(q *queries, version int) error {
 	how := "to move to this version, stop the processes that use them, drop the tables of the prefix, and let NewSession create them again"
 	switch {
-	case version == 5 && schemaVersion == 6:
-		how = "to upgrade them in place (the processes that use them may run on; each ALTER waits for the transactions using its table, LockTx's included, and lock statements queue behind it: the SET bounds that wait), run:\n" + q.upgrade5
+	case version == 5 && schemaVersion == 7:
+		how = "to upgrade them in place (the processes that use them may run on; each ALTER waits for the transactions using its table, LockTx's included, and lock statements queue behind it: the SET bounds that wait), run:\n" + q.upgrade5 + "\n" + q.upgrade6
+	case version == 6 && schemaVersion == 7:
+		how = "to upgrade them in place (the processes that use them may run on; each ALTER waits for the transactions using its table, LockTx's included, and lock statements queue behind it: the SET bounds that wait), run:\n" + q.upgrade6
 	case version > schemaVersion:
 		how = "they are a newer dsync's: use that version"
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -312,31 +313,52 @@ func TestSchemaForeignTable(t *testing.T) {
 }
 
 // TestSchemaUpgradeFrom5 checks the in-place upgrade of tables of schema
-// version 5 (without the held_since columns): NewSession refuses them with
-// an ErrSchemaVersion that names the statements, which, run as they are,
-// leave the tables that NewSession creates, and a session then starts on
-// them.
+// version 5 (without the held_since columns, nor version 7's Semaphore
+// columns): NewSession refuses them with an ErrSchemaVersion that names
+// the statements, which, run as they are, leave the tables that
+// NewSession creates, and a session then starts on them.
 func TestSchemaUpgradeFrom5(t *testing.T) {
+	schemaUpgrade(t, 5, 6,
+		"ALTER TABLE `{p}lock` DROP COLUMN held_since",
+		"ALTER TABLE `{p}queue` DROP COLUMN held_since",
+		"ALTER TABLE `{p}ticket` DROP COLUMN held_since")
+}
+
+// TestSchemaUpgradeFrom6 is TestSchemaUpgradeFrom5 for tables of schema
+// version 6 (without the Semaphore columns).
+func TestSchemaUpgradeFrom6(t *testing.T) {
+	schemaUpgrade(t, 6, 3)
+}
+
+// schemaUpgrade makes tables of the current version into tables of
+// version: it drops the columns later versions added (version 7's, then
+// the statements drop) and records version; NewSession must refuse them
+// with an ErrSchemaVersion that names alters ALTER TABLE statements,
+// which, run as they are, leave the tables that NewSession creates.
+func schemaUpgrade(t *testing.T, version, alters int, drop ...string) {
 	bg := context.Background()
 	db := dbtest.Open(t)
-	old, fresh := freshPrefix("schemav5"), freshPrefix("schemav6")
+	old, fresh := freshPrefix(fmt.Sprintf("schemav%d", version)), freshPrefix("schemanew")
 	for _, p := range []string{old, fresh} {
 		if err := sessionOn(t, db, dsync.WithTablePrefix(p)).Close(); err != nil {
 			t.Fatalf("Close: got %v; want <nil>", err)
 		}
 	}
-	execAll(t, db,
-		"ALTER TABLE `"+old+"lock` DROP COLUMN held_since",
-		"ALTER TABLE `"+old+"queue` DROP COLUMN held_since",
-		"ALTER TABLE `"+old+"ticket` DROP COLUMN held_since",
-		"UPDATE `"+old+"schema` SET version = 5")
-	msg := refusedVersion(t, db, old, 5).Error()
-	_, stmts, ok := strings.Cut(msg, "run:\n")
-	if !ok || strings.Count(stmts, "ALTER TABLE") != 3 {
-		t.Fatalf("ErrSchemaVersion of version 5: got %q; want the statements that upgrade the tables", msg)
+	stmts := []string{
+		"ALTER TABLE `{p}lock` DROP COLUMN permits",
+		"ALTER TABLE `{p}queue` DROP COLUMN permits",
+		"ALTER TABLE `{p}ticket` DROP COLUMN weight",
+	}
+	for _, q := range append(append(stmts, drop...), fmt.Sprintf("UPDATE `{p}schema` SET version = %d", version)) {
+		execAll(t, db, strings.ReplaceAll(q, "{p}", old))
+	}
+	msg := refusedVersion(t, db, old, version).Error()
+	_, upgradeText, ok := strings.Cut(msg, "run:\n")
+	if !ok || strings.Count(upgradeText, "ALTER TABLE") != alters {
+		t.Fatalf("ErrSchemaVersion of version %d: got %q; want the statements that upgrade the tables", version, msg)
 	}
 	var upgrade []string
-	for _, q := range strings.SplitAfter(stmts, ";") {
+	for _, q := range strings.SplitAfter(upgradeText, ";") {
 		if q = strings.TrimSpace(q); q != "" {
 			upgrade = append(upgrade, q)
 		}

@@ -26,8 +26,9 @@ type tickets struct {
 	bell *doorbell // the session's doorbell, which a release rings
 	// createRow creates the name's queue row when a statement finds it
 	// missing (the session's createQueueRow, which may wait: a wait of
-	// the lock call c, see Stats).
-	createRow func(ctx context.Context, c *call, name string) error
+	// the lock call c, see Stats): a semaphore's of limit limit, or a
+	// queued lock's (limit 0).
+	createRow func(ctx context.Context, c *call, name string, limit int64) error
 
 	// busy holds the names whose last take of the head slot by this
 	// session found the lock held or waited for, or whose last enqueue
@@ -96,22 +97,27 @@ func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int6
 		case creates == maxCreates:
 			return 0, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, c, name); err != nil {
+		if err := t.createRow(ctx, c, name, 0); err != nil {
 			return 0, false, err
 		}
 	}
 }
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
-// reads the kind of the name's lock row, and unless a Mutex uses the name,
-// binds it and creates the queue row in one transaction. It returns the
-// kind of the row (kindRowMutex: nothing was written), and a lock wait
-// timeout (errLockWaitTimeout) when a transaction holds the lock row.
-func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
+// reads the kind of the name's lock row, and unless another kind uses the
+// name, binds it to the kind of limit (kindRowSemaphore when limit is not
+// 0, else kindRowQueued) and creates the queue row in one transaction. It
+// returns the kind of the row (another kind: nothing was written),
+// ErrLimitMismatch when a semaphore of another limit uses the name, and a
+// lock wait timeout (errLockWaitTimeout) when a transaction holds the lock
+// row.
+func (t *tickets) bindQueueRow(ctx context.Context, name string, limit int64) (int, error) {
+	want := kindOfLimit(limit)
 	kind := kindRowNone
+	mismatch := false
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
-		if kind, err = t.lockKindOn(ctx, c, name); err != nil || kind == kindRowMutex {
+		if kind, err = t.lockKindOn(ctx, c, name); err != nil || (kind != kindRowNone && kind != want) {
 			return err // without a write, and without waiting for a LockTx that holds the row
 		}
 		if hook := kindReadHook.Load(); hook != nil {
@@ -130,7 +136,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 			// No retry after a lock wait timeout: createQueueRow decides.
 			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 				return nil, enqueueTx(ctx, c, func() error {
-					res, err := bind.ExecContext(ctx, name)
+					res, err := bind.ExecContext(ctx, name, want, limit)
 					var bound int64
 					if err == nil {
 						bound, err = res.LastInsertId()
@@ -138,12 +144,16 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 					if err != nil {
 						return err
 					}
-					if bound == otherKind {
-						kind = kindRowMutex // a Mutex created the row since the read: nothing was written
+					if other, ok := otherKindOf(bound); ok {
+						kind = other // another kind created the row since the read: nothing was written
 						return nil
 					}
-					kind = kindRowQueued
-					_, err = create.ExecContext(ctx, name)
+					if bound == limitMismatch {
+						mismatch = true // nothing was written
+						return nil
+					}
+					kind = want
+					_, err = create.ExecContext(ctx, name, limit)
 					return err
 				})
 			}, 0)
@@ -153,6 +163,9 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 			return err
 		}
 	})
+	if err == nil && mismatch {
+		return kind, ErrLimitMismatch
+	}
 	return kind, err
 }
 
@@ -208,18 +221,26 @@ func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // insert, so a sweep may delete it again meanwhile; that takes a pass
 // marking it and another one the free-row age later, so a few attempts
 // suffice.
-func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token int64, mode int, mark bool) (ticket int64, ahead, unknown bool, err error) {
+//
+// A semaphore's ticket (wt.mode modeWeighted) is inserted with qSemInsert
+// (qSemNumber on a cluster), which leaves its marker only when the ticket
+// waits, whatever mark says: "conflicting ahead" then means that the live
+// tickets' weights and its own add up to more than the limit.
+func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token int64, wt want, mark bool) (ticket int64, ahead, unknown bool, err error) {
 	for creates := 0; ; creates++ {
 		var number int64 // twice the ticket, plus 1 when something conflicting is ahead
 		var err error
 		if t.st.galera || clusterEnqueueHook.Load() {
-			number, err = t.insertTicketTx(ctx, name, token, mode)
+			number, err = t.insertTicketTx(ctx, name, token, wt)
 		} else {
 			var res sql.Result
-			if mark {
-				res, err = t.st.exec(ctx, sTicketInsert, mode, t.id, token, mode, name, name, mode)
-			} else {
-				res, err = t.st.exec(ctx, sTicketInsertAlone, mode, t.id, token, mode, name)
+			switch {
+			case wt.mode == modeWeighted:
+				res, err = t.st.exec(ctx, sSemInsert, wt.weight, t.id, token, wt.weight, name, wt.limit, name, wt.weight, wt.limit)
+			case mark:
+				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
+			default:
+				res, err = t.st.exec(ctx, sTicketInsertAlone, wt.mode, t.id, token, wt.mode, name)
 			}
 			if err == nil {
 				number, err = res.LastInsertId()
@@ -235,7 +256,7 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 		case creates == maxCreates:
 			return 0, false, false, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, c, name); err != nil {
+		if err := t.createRow(ctx, c, name, wt.limit); err != nil {
 			return 0, false, false, err
 		}
 	}
@@ -250,10 +271,14 @@ var clusterEnqueueHook atomic.Bool
 // certification conflict with another node's enqueue rolls it back. It
 // returns qTicketNumber's answer: twice the ticket, plus 1 when something
 // conflicting is ahead, or 0 when the per-name row is missing.
-func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, mode int) (int64, error) {
+func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, wt want) (int64, error) {
 	var number int64
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		next, err := c.Stmt(ctx, t.st.pool, int(sTicketNumber))
+		numberStmt, args := sTicketNumber, []any{wt.mode, name}
+		if wt.mode == modeWeighted {
+			numberStmt, args = sSemNumber, []any{wt.weight, name, wt.limit}
+		}
+		next, err := c.Stmt(ctx, t.st.pool, int(numberStmt))
 		if err != nil {
 			return err
 		}
@@ -264,14 +289,14 @@ func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, 
 		_, err = retryRolledBack(ctx, func() (sql.Result, error) {
 			number = 0
 			err := enqueueTx(ctx, c, func() error {
-				res, err := next.ExecContext(ctx, mode, name)
+				res, err := next.ExecContext(ctx, args...)
 				if err == nil {
 					number, err = res.LastInsertId()
 				}
 				if err != nil || number == 0 {
 					return err
 				}
-				_, err = add.ExecContext(ctx, name, number/2, t.id, token, mode)
+				_, err = add.ExecContext(ctx, name, number/2, t.id, token, wt.mode, wt.weight)
 				return err
 			})
 			return nil, err
@@ -320,7 +345,9 @@ func enqueueTx(ctx context.Context, c *connpool.Conn, f func() error) error {
 // tickets ahead, reading only, and take the lock when none is left. A
 // missing per-name row (the sweep or an operator deleted it, see
 // insertTicket) is created again, its fence seeded above every earlier one
-// (see qFenceSeed).
+// (see qFenceSeed). A semaphore's ticket (modeWeighted) skips the count:
+// its take (qSemTake) decides by the weights, and writes only when it
+// takes a fence, as an exclusive ticket's does.
 func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *waiter, first bool) (ahead, fence int64, err error) {
 	switch {
 	case first && w.ahead:
@@ -334,6 +361,8 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	woken, behind := w.woken, w.behind
 	w.woken = false
 	switch {
+	case w.mode == modeWeighted:
+		// The take below decides.
 	case woken && w.mode == modeShared:
 		ahead, err = t.conflictsWoken(ctx, name, w.ticket, w.mode, behind)
 		if err == nil && ahead == 0 {
@@ -352,9 +381,14 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	for creates := 0; ; creates++ {
 		var res sql.Result
 		var err error
-		if woken {
+		switch {
+		case w.mode == modeWeighted && woken:
+			res, err = t.st.exec(ctx, sSemTakeWoken, w.ticket, name, w.limit, behind)
+		case w.mode == modeWeighted:
+			res, err = t.st.exec(ctx, sSemTake, w.ticket, name, w.limit)
+		case woken:
 			res, err = t.st.exec(ctx, sTicketTakeWoken, w.ticket, name, behind)
-		} else {
+		default:
 			res, err = t.st.exec(ctx, sTicketTake, w.ticket, name)
 		}
 		if err != nil {
@@ -371,7 +405,7 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 		case creates == maxCreates:
 			return 0, 0, fmt.Errorf("the row of %q in the queue table vanished %d times as it was created", name, creates)
 		}
-		if err := t.createRow(ctx, c, name); err != nil {
+		if err := t.createRow(ctx, c, name, w.limit); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -540,10 +574,14 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 // the ticket already, so that its release rings (always true for the head
 // slot, whose release rings whenever tickets exist); sql.ErrNoRows when
 // nothing live is ahead. The read waits for a release of the ticket under
-// way.
+// way. A semaphore's waiter reads whom it waits for with qSemAhead.
 func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked bool, err error) {
 	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked)
+		stmt, args := sTicketAhead, []any{name, w.ticket, w.mode, name}
+		if w.mode == modeWeighted {
+			stmt, args = sSemAhead, []any{name, w.ticket, w.ticket, w.limit}
+		}
+		return t.st.query(ctx, c, stmt, args, &seq, &ref.id, &ref.gen, &left, &marked)
 	})
 	return seq, ref, left, marked, err
 }

@@ -1,0 +1,273 @@
+package dsync
+
+import (
+	"context"
+	"fmt"
+)
+
+// A Semaphore is a weighted semaphore shared by every process whose
+// [Session] reaches the same database and table prefix: at most limit
+// permits of a name are held at any instant, across all sessions, each
+// acquisition taking n of them. It is shaped like
+// golang.org/x/sync/semaphore. Create it with [NewSemaphore]; the zero
+// value is not usable. A Semaphore is safe for concurrent use.
+//
+// A Semaphore's permits belong to its session, not to a goroutine or an
+// owner ([WithOwner] plays no part): any goroutine may release permits
+// that another acquired, as with x/sync's semaphore, and a session
+// releases only permits it holds.
+//
+// # Fairness
+//
+// Acquisitions are served first come, first served, across processes, in
+// the line of tickets described at [FairMutex], which a Semaphore shares:
+// every Acquire takes a ticket weighing n, and a ticket holds when the
+// weights of the live tickets up to and including it add up to at most
+// the limit. So there is no barging: a large request at the head of the
+// line is not overtaken by smaller ones behind it, even while enough
+// permits for them are free (as in x/sync's semaphore, which explains
+// why: a large request could otherwise starve), and [Semaphore.TryAcquire]
+// fails rather than overtake a waiter.
+//
+// # Limit
+//
+// A name's limit is the limit of the Semaphore whose call first used the
+// name (it is stored with the name's row): it stands for as long as the
+// name is bound, that is, while any session holds or waits for it, and
+// until the clean-up deletes its idle rows ([WithFreeRowAge]). A
+// Semaphore of the name with another limit gets [ErrLimitMismatch] from
+// every call and holds nothing: two processes never count the same
+// permits against different limits. To change a limit, stop every use of
+// the name with the old one, and let its rows be cleaned up (or use
+// another name).
+//
+// A name is one lock: while a [Mutex], [FairMutex] or [RWMutex] uses it,
+// the Semaphore's calls return [ErrOtherKind], and theirs the same while
+// a Semaphore uses it.
+//
+// # Sessions and fences
+//
+// Permits die with their session: a ticket whose lease has ended, by the
+// database's clock, holds nothing and is skipped, and the session learns
+// of the loss ([Session.Done]) before the database counts its permits as
+// free. Each acquisition takes a fencing token ([Semaphore.AcquireFence]),
+// strictly increasing per name in the order the acquisitions are granted:
+// several holders hold at once, each with its own fence.
+//
+// # Waking
+//
+// Waiters block on doorbells (see the package's Waiting section), one
+// each. The first waiter in line blocks on the doorbell of the session of
+// the oldest holder, the head of the line (with holds of like length,
+// granted in order, the first to end); every waiter behind it blocks on
+// the waiter just ahead of it. A release rings for the waiter blocked on
+// it, and so does a partial [Semaphore.Release]; a waiter granted after
+// it waited rings its own doorbell, so that the waiter behind it, which
+// may fit as well, checks at once: the permits freed by one release flow
+// down the line without a poll. A release by a holder other than the
+// oldest does not ring the first waiter's doorbell (a blocked connection
+// waits on one doorbell, which only its own session rings): the waiter
+// sees it when the oldest holder goes or shrinks, or at the latest 8
+// seconds later (the longest block on one doorbell). Where there are no
+// doorbells (a Galera cluster, a *sql.DB with a connection limit below 8)
+// waiters poll within the polling budget, as a FairMutex's do.
+type Semaphore struct {
+	q     queued
+	limit int64
+}
+
+// NewSemaphore returns the semaphore called name, with limit permits, in
+// s's lock space. Names follow the rules of [NewMutex]; with an invalid
+// one every method returns [ErrInvalidName], and with a limit of 0 or
+// less [ErrInvalidLimit]. NewSemaphore panics if s is nil.
+func NewSemaphore(s *Session, name string, limit int64) *Semaphore {
+	m := &Semaphore{q: newQueued(s, name, "Semaphore"), limit: limit}
+	if m.q.err == nil && limit <= 0 {
+		m.q.err = fmt.Errorf("%w: %d for %q (want 1 or more)", ErrInvalidLimit, limit, name)
+	}
+	return m
+}
+
+// Name returns the semaphore's name.
+func (m *Semaphore) Name() string { return m.q.name }
+
+// Limit returns the limit the semaphore was made with.
+func (m *Semaphore) Limit() int64 { return m.limit }
+
+// Acquire acquires n permits, blocking until they are granted in their
+// turn, ctx ends or the session ends. On failure it returns ctx.Err(), the
+// session's error ([ErrSessionExpired], [ErrSessionClosed]),
+// [ErrInvalidName], [ErrInvalidLimit], [ErrInvalidPermits] (n of 0 or
+// less, or above the limit), [ErrLimitMismatch], [ErrOtherKind] or a
+// database error, and holds nothing: its ticket has left the line.
+func (m *Semaphore) Acquire(ctx context.Context, n int64) error {
+	_, err := m.AcquireFence(ctx, n)
+	return err
+}
+
+// AcquireFence is [Semaphore.Acquire] that also returns the acquisition's
+// fence: strictly greater than the fence of every earlier acquisition of
+// the name (see [Mutex.Fence] for what fences are for).
+func (m *Semaphore) AcquireFence(ctx context.Context, n int64) (int64, error) {
+	return m.acquire(ctx, n, true)
+}
+
+// TryAcquire acquires n permits only if they are free and nobody waits
+// ahead of it: it never overtakes a waiter, and never waits for permits
+// (only, as [Mutex.TryLock] says, for a new lease). It returns false, nil
+// otherwise, and errors as Acquire does.
+func (m *Semaphore) TryAcquire(ctx context.Context, n int64) (bool, error) {
+	fence, err := m.acquire(ctx, n, false)
+	return fence > 0, err
+}
+
+// TryAcquireFence is [Semaphore.TryAcquire] that also returns the
+// acquisition's fence (0 when it acquired nothing), as AcquireFence does.
+func (m *Semaphore) TryAcquireFence(ctx context.Context, n int64) (int64, error) {
+	return m.acquire(ctx, n, false)
+}
+
+// Release releases n of the permits this session holds on the name,
+// acquired by any of its goroutines, and lets the waiters that fit in. It
+// releases the latest acquisitions first; an acquisition released in part
+// keeps the rest of its permits, and its fence. It returns
+// [ErrInvalidPermits] for n of 0 or less, [ErrReleaseExceedsHeld] (which
+// wraps [ErrNotHeld]) when the session holds fewer than n permits of the
+// name, releasing nothing then, the session's error when it has ended
+// (its permits ended with it), or a database error: then the permits are
+// released as far as the session could (an acquisition released whole is
+// removed by the session in the background; one released in part keeps
+// its whole weight until the rest of it is released or the session ends).
+func (m *Semaphore) Release(ctx context.Context, n int64) error {
+	q := m.q.on(m.q.s.current())
+	if err := m.check(n, false); err != nil {
+		return opErrorf(err, "release %q", q.name)
+	}
+	lq := q.s.queues.lookup(q.name)
+	if lq == nil {
+		return m.exceeds(q, n, 0)
+	}
+	lq.mu.Lock()
+	var held int64
+	for _, h := range lq.permits {
+		held += h.weight
+	}
+	if held < n {
+		lq.mu.Unlock()
+		return m.exceeds(q, n, held)
+	}
+	// The latest acquisitions first: a waiter waits for the nearest ticket
+	// ahead of it, the latest of this session's that are ahead.
+	var gone []*permitHold
+	var part *permitHold
+	var partWeight int64
+	for left := n; left > 0; {
+		h := lq.permits[len(lq.permits)-1]
+		if h.weight <= left {
+			left -= h.weight
+			lq.permits = lq.permits[:len(lq.permits)-1]
+			gone = append(gone, h)
+			continue
+		}
+		h.weight -= left
+		part, partWeight, left = h, h.weight, 0
+	}
+	lq.mu.Unlock()
+	var err error
+	if part != nil {
+		err = q.shrink(ctx, lq, part, partWeight)
+	}
+	for _, h := range gone {
+		if rerr := q.release(ctx, lq, h.ticket, h.token, "release"); err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// exceeds is Release's error when the session holds only held permits.
+func (m *Semaphore) exceeds(q *queued, n, held int64) error {
+	if err := q.s.leaseErr(); err != nil {
+		return opErrorf(err, "release %q", q.name)
+	}
+	return opErrorf(ErrReleaseExceedsHeld, "release %d permits of %q (%d held)", n, q.name, held)
+}
+
+// check returns the error of a call for n permits before it starts: the
+// name's or limit's, or n out of range (above the limit, to acquire).
+func (m *Semaphore) check(n int64, acquire bool) error {
+	switch {
+	case m.q.err != nil:
+		return m.q.err
+	case n <= 0 || (acquire && n > m.limit):
+		return fmt.Errorf("%w: %d (want 1 to the limit, %d)", ErrInvalidPermits, n, m.limit)
+	}
+	return nil
+}
+
+// acquire takes n permits on the current lease, and again on a new one
+// where a lost lease is replaced (see Session.withLease), and returns the
+// fence; 0 and no error when, without wait, they were not free.
+func (m *Semaphore) acquire(ctx context.Context, n int64, wait bool) (int64, error) {
+	if err := m.check(n, true); err != nil {
+		if m.q.err == err {
+			return 0, err
+		}
+		return 0, opErrorf(err, "acquire %q", m.q.name)
+	}
+	c := m.q.s.track(kindQueue, "acquire", m.q.name, wait)
+	var fence int64
+	_, err := m.q.s.withLease(ctx, c, func(g *Session) (bool, error) {
+		var err error
+		fence, err = m.acquireOn(ctx, c, m.q.on(g), n, wait)
+		return fence > 0, err
+	})
+	return fence, err
+}
+
+func (m *Semaphore) acquireOn(ctx context.Context, c *call, q *queued, n int64, wait bool) (int64, error) {
+	if err := q.precheck(ctx, "acquire"); err != nil {
+		return 0, err
+	}
+	lq := q.s.queues.ref(q.name)
+	if !wait {
+		lq.mu.Lock()
+		behind := len(lq.line) > 0 // goroutines of this process wait: do not overtake them
+		lq.mu.Unlock()
+		if behind {
+			q.s.queues.unref(q.name)
+			return 0, nil
+		}
+	}
+	w, fence, err := q.s.acquireTicket(ctx, c, q.name, lq, want{mode: modeWeighted, weight: n, limit: m.limit}, wait)
+	if err != nil || w == nil {
+		q.s.queues.unref(q.name)
+		return 0, q.wrap("acquire", err)
+	}
+	lq.mu.Lock()
+	lq.permits = append(lq.permits, &permitHold{ticket: w.ticket, token: w.token, weight: n})
+	lq.mu.Unlock()
+	return fence, nil // the reference now belongs to the hold
+}
+
+// permitHold is one acquisition of a Semaphore's permits by this process:
+// one ticket.
+type permitHold struct {
+	ticket, token int64
+	weight        int64 // permits it holds now (Release may take part of them)
+}
+
+// shrink gives back part of the hold h, which keeps weight permits
+// (qSemShrink), and rings the session's doorbell: waiters blocked on it
+// may fit now.
+func (q *queued) shrink(ctx context.Context, lq *localQueue, h *permitHold, weight int64) error {
+	if err := q.s.leaseErr(); err != nil {
+		return opErrorf(err, "release %q", q.name)
+	}
+	if _, err := q.s.store.exec(ctx, sSemShrink, weight, q.name, q.s.id, h.token, weight); err != nil {
+		return opErrorf(err, "release %q", q.name)
+	}
+	q.s.bell.ring()
+	lq.kickFront()
+	return nil
+}

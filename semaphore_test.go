@@ -1,0 +1,513 @@
+package dsync_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
+)
+
+// semTickets counts the live tickets (not markers) of name.
+const semTickets = `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0`
+
+// acquireAsync runs m.Acquire(ctx, n) in a goroutine and sends its error.
+func acquireAsync(ctx context.Context, m *dsync.Semaphore, n int64) <-chan error {
+	got := make(chan error, 1)
+	go func() { got <- m.Acquire(ctx, n) }()
+	return got
+}
+
+// await returns the error got sends within limit, and fails the test
+// with what when none comes.
+func await(t *testing.T, got <-chan error, limit time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-got:
+		return err
+	case <-time.After(limit):
+		t.Fatalf("%s: still waiting after %v", what, limit)
+		return nil
+	}
+}
+
+// pending fails the test when got has sent something: the call must still
+// wait.
+func pending(t *testing.T, got <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		t.Fatalf("%s: returned %v; want it still waiting", what, err)
+	default:
+	}
+}
+
+// TestSemaphoreLimitAcrossSessions: workers in 4 sessions acquire 1 or 2
+// of 3 permits at once, again and again; the permits held, counted inside
+// each hold, never exceed the limit, and every acquisition gets a fence of
+// its own.
+func TestSemaphoreLimitAcrossSessions(t *testing.T) {
+	const limit, sessions, workers, rounds = 3, 4, 2, 5
+	ctx := context.Background()
+	name := lockName(t)
+	var held, most atomic.Int64
+	var mu sync.Mutex
+	fences := map[int64]bool{}
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions*workers)
+	for i := range sessions {
+		m := dsync.NewSemaphore(newSession(t), name, limit)
+		for j := range workers {
+			n := int64(1 + (i+j)%2)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					fence, err := m.AcquireFence(ctx, n)
+					if err != nil {
+						errs <- err
+						return
+					}
+					now := held.Add(n)
+					for {
+						if m := most.Load(); now <= m || most.CompareAndSwap(m, now) {
+							break
+						}
+					}
+					mu.Lock()
+					dup := fences[fence]
+					fences[fence] = true
+					mu.Unlock()
+					if dup {
+						errs <- errors.New("fence handed out twice")
+					}
+					time.Sleep(5 * time.Millisecond)
+					held.Add(-n)
+					if err := m.Release(ctx, n); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := most.Load(); got > limit || got < 2 {
+		t.Errorf("most permits held at once: got %d; want 2 to %d", got, limit)
+	}
+	if got := len(fences); got != sessions*workers*rounds {
+		t.Errorf("fences: got %d; want %d", got, sessions*workers*rounds)
+	}
+}
+
+// TestSemaphoreNoBarging: with 2 of 3 permits held, a request for 3 waits
+// at the head of the line, and a request for 1 behind it, which would fit,
+// is not granted before it (nor is a TryAcquire of 1); across sessions,
+// waiters are served in the order they arrived.
+func TestSemaphoreNoBarging(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	holder := dsync.NewSemaphore(newSession(t), name, 3)
+	big := dsync.NewSemaphore(newSession(t), name, 3)
+	small := dsync.NewSemaphore(newSession(t), name, 3)
+	late := dsync.NewSemaphore(newSession(t), name, 3)
+	if err := holder.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	gotBig := acquireAsync(ctx, big, 3)
+	waitRows(t, db, 10*time.Second, 2, semTickets, name)
+	gotSmall := acquireAsync(ctx, small, 1)
+	waitRows(t, db, 10*time.Second, 3, semTickets, name)
+	if ok, err := late.TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire(1) behind a waiter: got %v, %v; want false, nil", ok, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the small request had its chances
+	pending(t, gotBig, "Acquire(3)")
+	pending(t, gotSmall, "Acquire(1) behind Acquire(3)")
+	if err := holder.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := await(t, gotBig, 10*time.Second, "Acquire(3) after the release"); err != nil {
+		t.Fatal(err)
+	}
+	pending(t, gotSmall, "Acquire(1) while Acquire(3) holds")
+	if err := big.Release(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := await(t, gotSmall, 10*time.Second, "Acquire(1) after Acquire(3) released"); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// Arrival order across sessions, limit 1.
+	name = lockName(t)
+	first := dsync.NewSemaphore(newSession(t), name, 1)
+	if err := first.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	order := make(chan int, waiters)
+	var sems []*dsync.Semaphore
+	for i := range waiters {
+		m := dsync.NewSemaphore(newSession(t), name, 1)
+		sems = append(sems, m)
+		go func() {
+			if err := m.Acquire(ctx, 1); err != nil {
+				t.Error(err)
+				order <- -1
+				return
+			}
+			order <- i
+			m.Release(ctx, 1)
+		}()
+		waitRows(t, db, 10*time.Second, i+2, semTickets, name) // queued before the next one starts
+	}
+	if err := first.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	for want := range waiters {
+		select {
+		case got := <-order:
+			if got != want {
+				t.Fatalf("grant %d: got waiter %d; want %d (arrival order)", want, got, want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("grant %d: none after 20s", want)
+		}
+	}
+}
+
+// TestSemaphoreTryAcquire: TryAcquire takes free permits, returns false
+// without a ticket left behind when they are not free, and takes them
+// again once released.
+func TestSemaphoreTryAcquire(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	a := dsync.NewSemaphore(newSession(t), name, 2)
+	b := dsync.NewSemaphore(newSession(t), name, 2)
+	fa, err := a.TryAcquireFence(ctx, 2)
+	if fa == 0 || err != nil {
+		t.Fatalf("TryAcquireFence(2) of a free semaphore: got %d, %v; want a fence, nil", fa, err)
+	}
+	if ok, err := b.TryAcquire(ctx, 1); ok || err != nil {
+		t.Fatalf("TryAcquire(1) with every permit held: got %v, %v; want false, nil", ok, err)
+	}
+	if got := countRows(t, db, semTickets, name); got != 1 {
+		t.Fatalf("tickets after a failed TryAcquire: got %d; want 1 (the holder's)", got)
+	}
+	if err := a.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := b.TryAcquireFence(ctx, 1)
+	if fb <= fa || err != nil {
+		t.Fatalf("TryAcquireFence(1) after a partial release: got %d, %v; want a fence above %d, nil", fb, err, fa)
+	}
+}
+
+// TestSemaphorePartialRelease: a holder of 3 permits releases 1 of them,
+// which lets a waiter for 1 in at once (the release rings), then the other
+// 2; a further Release gets ErrReleaseExceedsHeld, which is an ErrNotHeld,
+// and releases nothing.
+func TestSemaphorePartialRelease(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	a := dsync.NewSemaphore(newSession(t), name, 3)
+	b := dsync.NewSemaphore(newSession(t), name, 3)
+	if err := a.Acquire(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	got := acquireAsync(ctx, b, 1)
+	waitRows(t, db, 10*time.Second, 2, semTickets, name)
+	time.Sleep(300 * time.Millisecond) // the waiter blocks on a's doorbell
+	if err := a.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := await(t, got, 4*time.Second, "Acquire(1) after Release(1) of 3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx, 3); !errors.Is(err, dsync.ErrReleaseExceedsHeld) || !errors.Is(err, dsync.ErrNotHeld) {
+		t.Fatalf("Release(3) holding 2: got %v; want ErrReleaseExceedsHeld (an ErrNotHeld)", err)
+	}
+	if err := a.Release(ctx, 2); err != nil {
+		t.Fatalf("Release(2) holding 2: got %v; want nil", err)
+	}
+	if err := a.Release(ctx, 1); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
+		t.Fatalf("Release(1) holding none: got %v; want ErrReleaseExceedsHeld", err)
+	}
+	if err := b.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitRows(t, db, 10*time.Second, 0, semTickets, name)
+}
+
+// TestSemaphoreMisuse: bad names, limits and counts get their sentinel
+// errors, from every method, without a statement's effect.
+func TestSemaphoreMisuse(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t)
+	name := lockName(t)
+	tests := []struct {
+		what  string
+		name  string
+		limit int64
+		n     int64
+		want  error
+	}{
+		{"empty name", "", 1, 1, dsync.ErrInvalidName},
+		{"limit 0", name, 0, 1, dsync.ErrInvalidLimit},
+		{"limit -1", name, -1, 1, dsync.ErrInvalidLimit},
+		{"n 0", name, 2, 0, dsync.ErrInvalidPermits},
+		{"n -1", name, 2, -1, dsync.ErrInvalidPermits},
+	}
+	for _, tt := range tests {
+		m := dsync.NewSemaphore(s, tt.name, tt.limit)
+		if err := m.Acquire(ctx, tt.n); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Acquire: got %v; want %v", tt.what, err, tt.want)
+		}
+		if _, err := m.TryAcquire(ctx, tt.n); !errors.Is(err, tt.want) {
+			t.Errorf("%s: TryAcquire: got %v; want %v", tt.what, err, tt.want)
+		}
+		if err := m.Release(ctx, tt.n); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Release: got %v; want %v", tt.what, err, tt.want)
+		}
+	}
+	m := dsync.NewSemaphore(s, name, 2)
+	if err := m.Acquire(ctx, 3); !errors.Is(err, dsync.ErrInvalidPermits) {
+		t.Errorf("Acquire(3) of 2: got %v; want ErrInvalidPermits", err)
+	}
+	if _, err := m.TryAcquire(ctx, 3); !errors.Is(err, dsync.ErrInvalidPermits) {
+		t.Errorf("TryAcquire(3) of 2: got %v; want ErrInvalidPermits", err)
+	}
+	if err := m.Release(ctx, 1); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
+		t.Errorf("Release(1) holding none: got %v; want ErrReleaseExceedsHeld", err)
+	}
+	if got := countRows(t, dbtest.Open(t), `SELECT COUNT(*) FROM dsync_lock WHERE name = ?`, name); got != 0 {
+		t.Errorf("lock rows of the name after the misuse: got %d; want 0", got)
+	}
+}
+
+// TestSemaphoreCancelledAcquireLeavesNoTicket: an Acquire whose ctx ends
+// while it waits returns ctx's error and leaves no ticket; the holder's
+// release is not held up by it.
+func TestSemaphoreCancelledAcquireLeavesNoTicket(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	a := dsync.NewSemaphore(newSession(t), name, 2)
+	bs := newSession(t)
+	b := dsync.NewSemaphore(bs, name, 2)
+	if err := a.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	got := acquireAsync(cctx, b, 1)
+	waitRows(t, db, 10*time.Second, 2, semTickets, name)
+	cancel()
+	if err := await(t, got, 5*time.Second, "cancelled Acquire"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: got %v; want context.Canceled", err)
+	}
+	waitRows(t, db, 5*time.Second, 0, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, bs.ID())
+	if err := a.Release(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatalf("TryAcquire(2) after the release: got %v, %v; want true, nil", ok, err)
+	}
+}
+
+// TestSemaphoreLimitMismatch: the limit of the first Semaphore that uses a
+// name stands; a Semaphore of the name with another limit gets
+// ErrLimitMismatch from Acquire and TryAcquire, while the name's line
+// exists and when it has to be created again, and holds nothing.
+func TestSemaphoreLimitMismatch(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	two := dsync.NewSemaphore(newSession(t), name, 2)
+	three := dsync.NewSemaphore(newSession(t), name, 3)
+	if err := two.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := three.Acquire(ctx, 1); !errors.Is(err, dsync.ErrLimitMismatch) {
+		t.Fatalf("Acquire of limit 3 on a name of limit 2: got %v; want ErrLimitMismatch", err)
+	}
+	if ok, err := three.TryAcquire(ctx, 1); ok || !errors.Is(err, dsync.ErrLimitMismatch) {
+		t.Fatalf("TryAcquire of limit 3 on a name of limit 2: got %v, %v; want false, ErrLimitMismatch", ok, err)
+	}
+	if err := two.Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	// The queue row gone (as the clean-up deletes it), the lock row keeps
+	// the limit.
+	if _, err := db.Exec(`DELETE FROM dsync_queue WHERE name = ?`, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := three.Acquire(ctx, 1); !errors.Is(err, dsync.ErrLimitMismatch) {
+		t.Fatalf("Acquire of limit 3 creating the line of a name of limit 2: got %v; want ErrLimitMismatch", err)
+	}
+	if got := countRows(t, db, semTickets, name); got != 0 {
+		t.Fatalf("tickets after the refused calls: got %d; want 0", got)
+	}
+	if err := two.Acquire(ctx, 2); err != nil {
+		t.Fatalf("Acquire(2) of limit 2: got %v; want nil", err)
+	}
+}
+
+// TestSemaphoreOtherKind: a name is one lock: a Semaphore's calls on a
+// FairMutex's name return ErrOtherKind, and so do the other kinds' on a
+// Semaphore's name, whether or not its line exists.
+func TestSemaphoreOtherKind(t *testing.T) {
+	ctx := context.Background()
+	s := newSession(t)
+	fair := lockName(t) + "/fair"
+	if err := dsync.NewFairMutex(s, fair).Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m := dsync.NewSemaphore(newSession(t), fair, 2)
+	if err := m.Acquire(ctx, 1); !errors.Is(err, dsync.ErrOtherKind) {
+		t.Errorf("Semaphore.Acquire on a FairMutex's name: got %v; want ErrOtherKind", err)
+	}
+	if _, err := m.TryAcquire(ctx, 1); !errors.Is(err, dsync.ErrOtherKind) {
+		t.Errorf("Semaphore.TryAcquire on a FairMutex's name: got %v; want ErrOtherKind", err)
+	}
+
+	sem := lockName(t) + "/sem"
+	if err := dsync.NewSemaphore(s, sem, 2).Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	o := newSession(t)
+	calls := []struct {
+		what string
+		call func() error
+	}{
+		{"FairMutex.Lock", func() error { return dsync.NewFairMutex(o, sem).Lock(ctx) }},
+		{"RWMutex.RLock", func() error { return dsync.NewRWMutex(o, sem).RLock(ctx) }},
+		{"RWMutex.TryRLock", func() error { _, err := dsync.NewRWMutex(o, sem).TryRLock(ctx); return err }},
+		{"FairMutex.TryLock", func() error { _, err := dsync.NewFairMutex(o, sem).TryLock(ctx); return err }},
+		{"Mutex.Lock", func() error { return dsync.NewMutex(o, sem).Lock(ctx) }},
+	}
+	for _, c := range calls {
+		if err := c.call(); !errors.Is(err, dsync.ErrOtherKind) {
+			t.Errorf("%s on a Semaphore's name: got %v; want ErrOtherKind", c.what, err)
+		}
+	}
+}
+
+// TestSemaphoreHolderLost: the permits of a session whose lease is lost
+// (its network cut) go to the waiter, and the lost session learns of it
+// (Done) before the waiter is granted them.
+func TestSemaphoreHolderLost(t *testing.T) {
+	const ttl = time.Second
+	ctx := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	direct := dbtest.Open(t)
+	name := lockName(t)
+	lost := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
+	a := dsync.NewSemaphore(lost, name, 2)
+	b := dsync.NewSemaphore(faultSession(t, direct, ttl), name, 2)
+	if err := a.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	got := acquireAsync(ctx, b, 1)
+	waitRows(t, direct, 10*time.Second, 2, semTickets, name)
+	p.Cut(true)
+	if err := await(t, got, 10*time.Second, "Acquire behind a lost session"); err != nil {
+		t.Fatal(err)
+	}
+	// The fault happened: the holder's session ended.
+	if !isClosed(lost.Done(), 0) {
+		t.Fatal("lost session's Done when the waiter got its permits: got open; want closed")
+	}
+	if err := lost.Err(); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("lost session's Err: got %v; want ErrSessionExpired", err)
+	}
+	if err := a.Release(ctx, 2); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Errorf("lost session's Release: got %v; want ErrSessionExpired", err)
+	}
+}
+
+// TestSemaphoreReleaseWakesWaiter: the first waiter, blocked on the
+// doorbell of the oldest holder, gets the permits a moment after that
+// holder's release, without waiting out a poll or a block (8s): the
+// release rings. The same holds down a line of waiters: one granted after
+// a wait rings for the waiter behind it, which may fit as well.
+func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
+	t.Run("oldest of two holders", func(t *testing.T) { releaseWakes(t, 0, 4*time.Second) })
+	t.Run("line of waiters", func(t *testing.T) {
+		ctx := context.Background()
+		db := dbtest.Open(t)
+		name := lockName(t)
+		a := dsync.NewSemaphore(newSession(t), name, 2)
+		b := dsync.NewSemaphore(newSession(t), name, 2)
+		c := dsync.NewSemaphore(newSession(t), name, 2)
+		if err := a.Acquire(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		gotB := acquireAsync(ctx, b, 1)
+		waitRows(t, db, 10*time.Second, 2, semTickets, name)
+		gotC := acquireAsync(ctx, c, 1)
+		waitRows(t, db, 10*time.Second, 3, semTickets, name)
+		time.Sleep(500 * time.Millisecond) // both block on doorbells
+		if err := a.Release(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := await(t, gotB, 4*time.Second, "first waiter after the release"); err != nil {
+			t.Fatal(err)
+		}
+		if err := await(t, gotC, 4*time.Second, "second waiter, behind the first, after the release"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestSemaphoreOtherHolderReleaseSeen: a release by a holder other than
+// the oldest does not ring the first waiter's doorbell (see Semaphore,
+// "Waking"), but the waiter sees it within its longest block on a
+// doorbell (8s), not only when the oldest holder goes.
+func TestSemaphoreOtherHolderReleaseSeen(t *testing.T) {
+	slowTest(t)
+	releaseWakes(t, 1, 12*time.Second)
+}
+
+// releaseWakes: two sessions hold one of 2 permits each, a third waits for
+// one; holder which (0 the oldest, 1 the other) releases, and the waiter
+// must be granted within limit.
+func releaseWakes(t *testing.T, which int, limit time.Duration) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	var holders []*dsync.Semaphore
+	for i := range 2 {
+		m := dsync.NewSemaphore(newSession(t), name, 2)
+		if err := m.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, m)
+		waitRows(t, db, 10*time.Second, i+1, semTickets, name)
+	}
+	waiter := dsync.NewSemaphore(newSession(t), name, 2)
+	got := acquireAsync(ctx, waiter, 1)
+	waitRows(t, db, 10*time.Second, 3, semTickets, name)
+	time.Sleep(500 * time.Millisecond) // the waiter blocks on a doorbell
+	released := time.Now()
+	if err := holders[which].Release(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := await(t, got, limit, "waiter after a holder's release"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("granted %v after the release", time.Since(released))
+}
