@@ -15,10 +15,14 @@ import (
 // semTickets counts the live tickets (not markers) of name.
 const semTickets = `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0`
 
-// acquireAsync runs m.Acquire(ctx, n) in a goroutine and sends its error.
-func acquireAsync(ctx context.Context, m *dsync.Semaphore, n int64) <-chan error {
+// acquireAsync runs m.Acquire(ctx, n) in a goroutine, which sends its
+// error, and returns once the name has tickets live tickets (m's
+// included: it is in line).
+func acquireAsync(ctx context.Context, t *testing.T, m *dsync.Semaphore, n int64, tickets int) <-chan error {
+	t.Helper()
 	got := make(chan error, 1)
 	go func() { got <- m.Acquire(ctx, n) }()
+	waitRows(t, dbtest.Open(t), 10*time.Second, tickets, semTickets, m.Name())
 	return got
 }
 
@@ -123,10 +127,8 @@ func TestSemaphoreNoBarging(t *testing.T) {
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	gotBig := acquireAsync(ctx, big, 3)
-	waitRows(t, db, 10*time.Second, 2, semTickets, name)
-	gotSmall := acquireAsync(ctx, small, 1)
-	waitRows(t, db, 10*time.Second, 3, semTickets, name)
+	gotBig := acquireAsync(ctx, t, big, 3, 2)
+	gotSmall := acquireAsync(ctx, t, small, 1, 3)
 	if ok, err := late.TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatalf("TryAcquire(1) behind a waiter: got %v, %v; want false, nil", ok, err)
 	}
@@ -229,8 +231,7 @@ func TestSemaphorePartialRelease(t *testing.T) {
 	if err := a.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
-	got := acquireAsync(ctx, b, 1)
-	waitRows(t, db, 10*time.Second, 2, semTickets, name)
+	got := acquireAsync(ctx, t, b, 1, 2)
 	time.Sleep(300 * time.Millisecond) // the waiter blocks on a's doorbell
 	if err := a.Release(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -313,8 +314,7 @@ func TestSemaphoreCancelledAcquireLeavesNoTicket(t *testing.T) {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	got := acquireAsync(cctx, b, 1)
-	waitRows(t, db, 10*time.Second, 2, semTickets, name)
+	got := acquireAsync(cctx, t, b, 1, 2)
 	cancel()
 	if err := await(t, got, 5*time.Second, "cancelled Acquire"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: got %v; want context.Canceled", err)
@@ -421,8 +421,7 @@ func TestSemaphoreHolderLost(t *testing.T) {
 	if err := a.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
-	got := acquireAsync(ctx, b, 1)
-	waitRows(t, direct, 10*time.Second, 2, semTickets, name)
+	got := acquireAsync(ctx, t, b, 1, 2)
 	p.Cut(true)
 	if err := await(t, got, 10*time.Second, "Acquire behind a lost session"); err != nil {
 		t.Fatal(err)
@@ -448,7 +447,6 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 	t.Run("oldest of two holders", func(t *testing.T) { releaseWakes(t, 0, 4*time.Second) })
 	t.Run("line of waiters", func(t *testing.T) {
 		ctx := context.Background()
-		db := dbtest.Open(t)
 		name := lockName(t)
 		a := dsync.NewSemaphore(newSession(t), name, 2)
 		b := dsync.NewSemaphore(newSession(t), name, 2)
@@ -456,10 +454,8 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 		if err := a.Acquire(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
-		gotB := acquireAsync(ctx, b, 1)
-		waitRows(t, db, 10*time.Second, 2, semTickets, name)
-		gotC := acquireAsync(ctx, c, 1)
-		waitRows(t, db, 10*time.Second, 3, semTickets, name)
+		gotB := acquireAsync(ctx, t, b, 1, 2)
+		gotC := acquireAsync(ctx, t, c, 1, 3)
 		time.Sleep(500 * time.Millisecond) // both block on doorbells
 		if err := a.Release(ctx, 2); err != nil {
 			t.Fatal(err)
@@ -499,8 +495,7 @@ func releaseWakes(t *testing.T, which int, limit time.Duration) {
 		waitRows(t, db, 10*time.Second, i+1, semTickets, name)
 	}
 	waiter := dsync.NewSemaphore(newSession(t), name, 2)
-	got := acquireAsync(ctx, waiter, 1)
-	waitRows(t, db, 10*time.Second, 3, semTickets, name)
+	got := acquireAsync(ctx, t, waiter, 1, 3)
 	time.Sleep(500 * time.Millisecond) // the waiter blocks on a doorbell
 	released := time.Now()
 	if err := holders[which].Release(ctx, 1); err != nil {

@@ -84,7 +84,7 @@ func (s *Session) Stats() Stats {
 	for _, e := range s.queues.entries {
 		lq := e.state
 		lq.mu.Lock()
-		if lq.held || len(lq.reads) > 0 {
+		if lq.held || len(lq.reads) > 0 || len(lq.permits) > 0 {
 			st.Held++
 		}
 		lq.mu.Unlock()

@@ -234,9 +234,9 @@ func (sc *succession) close() error {
 	return sc.cur.Load().closeLease()
 }
 
-// holding reports whether a Lock or RLock hold of this lease remains in
-// the process: one that its caller must release, and that its release
-// reports lost. (A LockTx hold ends in the process by itself once the
+// holding reports whether a Lock, RLock or Semaphore hold of this lease
+// remains in the process: one that its caller must release, and that its
+// release reports lost. (A LockTx hold ends in the process by itself once the
 // lease is lost.)
 func (s *Session) holding() bool {
 	s.mu.Lock()
@@ -253,7 +253,7 @@ func (s *Session) holding() bool {
 	for _, e := range s.queues.entries {
 		lq := e.state
 		lq.mu.Lock()
-		held := lq.held || len(lq.reads) > 0
+		held := lq.held || len(lq.reads) > 0 || len(lq.permits) > 0
 		lq.mu.Unlock()
 		if held {
 			return true

@@ -73,8 +73,10 @@ const (
   -E, --conflict-exit-code N
                        exit status when the lock is not obtained (default 75)
   -q, --quiet          no "waiting for NAME" line on stderr
-      --fair | --read | --write
-                       FairMutex; RWMutex read side; RWMutex write side (default: Mutex)
+      --fair | --read | --write | --limit N
+                       FairMutex; RWMutex read side; RWMutex write side; one of the
+                       N permits of a Semaphore: at most N commands run at once
+                       (default: Mutex)
       --grace D        when renewals fail and the lease ends in D: SIGTERM to the
                        command's process group, SIGKILL D later, as the lease ends;
                        the group is dead and reaped before the database can give the
@@ -89,7 +91,8 @@ const (
   stderr for which lock and who holds it (-q: not).
   Exit status: the command's; 128+N when it died of signal N; 75 (or -E's)
   lock not obtained; 78 the name is used by another kind of lock (--fair,
-  --read and --write against none of them); 70 the hold was lost while the
+  --read and --write against none of them), or --limit differs from the
+  name's; 70 the hold was lost while the
   command ran: the lease lost or at risk, or the Mutex released by force
   (dsync release --force, seen within about 2 × TTL/3): dsync stopped the
   command (unless it had ended); 69 database unusable; 64 usage.

@@ -23,6 +23,7 @@ const (
 	kindFair  = "fair"
 	kindRead  = "read"
 	kindWrite = "write"
+	kindLimit = "limit" // a Semaphore of --limit permits, one per run
 )
 
 // defaultGrace is the most --grace defaults to; see graceBound.
@@ -48,7 +49,8 @@ type runConfig struct {
 	nonblock bool          // -n, --nonblock, or --wait 0
 	conflict int           // exit status when the lock is not obtained (-E)
 	quiet    bool          // no "waiting for" line (-q)
-	kind     string        // kindMutex, kindFair, kindRead or kindWrite
+	kind     string        // kindMutex, kindFair, kindRead, kindWrite or kindLimit
+	limit    int64         // --limit: the Semaphore's limit (kindLimit)
 	grace    time.Duration
 	label    string
 	labelSet bool
@@ -84,14 +86,17 @@ func parseRun(args []string) (*runConfig, int) {
 	fair := fs.Bool("fair", false, "")
 	read := fs.Bool("read", false, "")
 	write := fs.Bool("write", false, "")
+	fs.Int64Var(&c.limit, "limit", 0, "")
 	fs.DurationVar(&c.grace, "grace", defaultGrace, "")
 	fs.StringVar(&c.label, "label", "", "")
 	if code := parseFlags(fs, args); code >= 0 {
 		return nil, code
 	}
-	waitSet, graceSet := false, false
+	waitSet, graceSet, limitSet := false, false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
+		case "limit":
+			limitSet = true
 		case "wait", "w":
 			waitSet = true
 		case "grace":
@@ -106,7 +111,7 @@ func parseRun(args []string) (*runConfig, int) {
 	for _, k := range []struct {
 		set  bool
 		kind string
-	}{{*fair, kindFair}, {*read, kindRead}, {*write, kindWrite}} {
+	}{{*fair, kindFair}, {*read, kindRead}, {*write, kindWrite}, {limitSet, kindLimit}} {
 		if k.set {
 			c.kind = k.kind
 			kinds++
@@ -115,7 +120,9 @@ func parseRun(args []string) (*runConfig, int) {
 	rest := fs.Args()
 	switch {
 	case kinds > 1:
-		return nil, usageError("run: --fair, --read and --write exclude each other")
+		return nil, usageError("run: --fair, --read, --write and --limit exclude each other")
+	case limitSet && c.limit < 1:
+		return nil, usageError(fmt.Sprintf("run: --limit %d: want 1 or more", c.limit))
 	case waitSet && c.nonblock:
 		return nil, usageError("run: --wait and --nonblock exclude each other")
 	case c.conflict < 0 || c.conflict > 255:
@@ -214,7 +221,7 @@ func (c *runConfig) run() int {
 		}
 	}()
 
-	l := newLock(s, c.kind, c.name)
+	l := newLock(s, c.kind, c.name, c.limit)
 	if code := c.acquire(r, db, s, l); code >= 0 {
 		return code
 	}
@@ -296,7 +303,12 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, s *dsync.Session, l *lock) int
 	case errors.Is(err, dsync.ErrOtherKind):
 		// At once, whatever --wait says: the name stays bound to the other
 		// kind while its rows exist, so waiting would not end.
-		fmt.Fprintf(stderr, "dsync: %s; the command did not run (dsync run takes a Mutex, and with --fair, --read or --write the queued lock of the name)\n", errText(err.Error()))
+		fmt.Fprintf(stderr, "dsync: %s; the command did not run (dsync run takes a Mutex, with --fair, --read or --write the queued lock of the name, and with --limit its Semaphore)\n", errText(err.Error()))
+		return exitOtherKind
+	case errors.Is(err, dsync.ErrLimitMismatch):
+		// At once, as for ErrOtherKind: the name's limit stands while its
+		// rows exist.
+		fmt.Fprintf(stderr, "dsync: %s; the command did not run (--limit %d)\n", errText(err.Error()), c.limit)
 		return exitOtherKind
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())
@@ -653,9 +665,27 @@ type lock struct {
 }
 
 // newLock returns the lock of kind called name in s.
-func newLock(s *dsync.Session, kind, name string) *lock {
+func newLock(s *dsync.Session, kind, name string, limit int64) *lock {
 	queued := func(k dsync.LockKind) bool { return k != dsync.KindMutex }
 	switch kind {
+	case kindLimit:
+		// One permit per run; the fence is its acquisition's.
+		m := dsync.NewSemaphore(s, name, limit)
+		var fence int64
+		return &lock{
+			func(ctx context.Context) (bool, error) {
+				f, err := m.TryAcquireFence(ctx, 1)
+				fence = f
+				return f > 0, err
+			},
+			func(ctx context.Context) (err error) {
+				fence, err = m.AcquireFence(ctx, 1)
+				return err
+			},
+			func(ctx context.Context) error { return m.Release(ctx, 1) },
+			func() int64 { return fence },
+			func(dsync.LockKind) bool { return false }, // ListLocks does not list permits
+		}
 	case kindFair:
 		m := dsync.NewFairMutex(s, name)
 		return &lock{m.TryLock, m.Lock, m.Unlock, m.Fence, queued}

@@ -688,6 +688,54 @@ func TestMutualExclusion(t *testing.T) {
 	}
 }
 
+// TestRunLimit runs 5 dsync run --limit 2 at once on one name: each
+// command counts itself in and out of a directory of markers, and no
+// command ever sees more than 2 (its own included). A run with another
+// limit, and one of --fair, exit 78 at once without running; -n exits 75
+// while both permits are held.
+func TestRunLimit(t *testing.T) {
+	const procs = 5
+	name := lockName(t)
+	dir := t.TempDir()
+	log := filepath.Join(dir, "log")
+	var ps []*proc
+	for i := range procs {
+		ps = append(ps, startDsync(t, args([]string{"run", "--limit", "2", name, "--"},
+			script(`touch DIR/MARK; ls DIR | grep -c '^m' >> LOG; sleep 0.2; rm DIR/MARK`,
+				"DIR", dir, "MARK", fmt.Sprintf("m%d", i), "LOG", log))...))
+	}
+	for _, p := range ps {
+		if r := p.wait(t); r.code != 0 {
+			t.Fatalf("exit status: got %d; want 0 (stderr %q)", r.code, r.stderr)
+		}
+	}
+	lines := readLines(t, log)
+	if len(lines) != procs {
+		t.Fatalf("log: got %d lines; want %d: %q", len(lines), procs, lines)
+	}
+	for _, l := range lines {
+		if l != "1" && l != "2" {
+			t.Fatalf("commands running at once, as each saw it: %q; want 1 or 2 each", lines)
+		}
+	}
+
+	holder := startDsync(t, "run", "--limit", "1", name+"/held", "--", "sleep", "30")
+	waitFor(t, "the holder's permit", func() bool {
+		r := runDsync(t, "run", "--limit", "1", "-n", name+"/held", "--", "true")
+		return r.code == exitNotObtained
+	})
+	for _, flags := range [][]string{{"--limit", "2"}, {"--fair"}} {
+		ran := filepath.Join(t.TempDir(), "ran")
+		r := runDsync(t, args([]string{"run"}, flags, []string{name + "/held", "--", "touch", ran})...)
+		if r.code != exitOtherKind || exists(ran) {
+			t.Errorf("dsync run %v on a name of --limit 1: got exit %d, ran %v; want %d, not run (stderr %q)",
+				flags, r.code, exists(ran), exitOtherKind, r.stderr)
+		}
+	}
+	holder.signal(t, syscall.SIGTERM)
+	holder.wait(t)
+}
+
 // TestExitStatusCannotRun: 127 when the command is not found, 126 when it
 // is found but cannot be run, as in sh; the lock is released.
 func TestExitStatusCannotRun(t *testing.T) {
