@@ -54,8 +54,20 @@ func pending(t *testing.T, got <-chan error, what string) {
 // of 3 permits at once, again and again; the permits held, counted inside
 // each hold, never exceed the limit, and every acquisition gets a fence of
 // its own.
-func TestSemaphoreLimitAcrossSessions(t *testing.T) {
-	const limit, sessions, workers, rounds = 3, 4, 2, 5
+func TestSemaphoreLimitAcrossSessions(t *testing.T) { semaphoreLimit(t, 5) }
+
+// TestSemaphoreClusterEnqueue is TestSemaphoreLimitAcrossSessions with
+// the enqueue of a Galera cluster (qSemNumber and qTicketAdd in one
+// transaction), on the test server.
+func TestSemaphoreClusterEnqueue(t *testing.T) {
+	defer dsync.EnqueueAsOnCluster()()
+	semaphoreLimit(t, 3)
+}
+
+// semaphoreLimit: workers in 4 sessions acquire 1 or 2 of 3 permits, rounds
+// times each; see TestSemaphoreLimitAcrossSessions.
+func semaphoreLimit(t *testing.T, rounds int) {
+	const limit, sessions, workers = 3, 4, 2
 	ctx := context.Background()
 	name := lockName(t)
 	var held, most atomic.Int64
