@@ -26,6 +26,17 @@ func acquireAsync(ctx context.Context, t *testing.T, m *dsync.Semaphore, n int64
 	return got
 }
 
+// semaphores returns n Semaphores of name with limit, each on a new
+// session of its own (as if in n processes).
+func semaphores(t *testing.T, name string, limit int64, n int) []*dsync.Semaphore {
+	t.Helper()
+	var ms []*dsync.Semaphore
+	for range n {
+		ms = append(ms, dsync.NewSemaphore(newSession(t), name, limit))
+	}
+	return ms
+}
+
 // await returns the error got sends within limit, and fails the test
 // with what when none comes.
 func await(t *testing.T, got <-chan error, limit time.Duration, what string) error {
@@ -132,10 +143,8 @@ func TestSemaphoreNoBarging(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	name := lockName(t)
-	holder := dsync.NewSemaphore(newSession(t), name, 3)
-	big := dsync.NewSemaphore(newSession(t), name, 3)
-	small := dsync.NewSemaphore(newSession(t), name, 3)
-	late := dsync.NewSemaphore(newSession(t), name, 3)
+	ms := semaphores(t, name, 3, 4)
+	holder, big, small, late := ms[0], ms[1], ms[2], ms[3]
 	if err := holder.Acquire(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -209,8 +218,8 @@ func TestSemaphoreTryAcquire(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	name := lockName(t)
-	a := dsync.NewSemaphore(newSession(t), name, 2)
-	b := dsync.NewSemaphore(newSession(t), name, 2)
+	ms := semaphores(t, name, 2, 2)
+	a, b := ms[0], ms[1]
 	fa, err := a.TryAcquireFence(ctx, 2)
 	if fa == 0 || err != nil {
 		t.Fatalf("TryAcquireFence(2) of a free semaphore: got %d, %v; want a fence, nil", fa, err)
@@ -238,8 +247,8 @@ func TestSemaphorePartialRelease(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	name := lockName(t)
-	a := dsync.NewSemaphore(newSession(t), name, 3)
-	b := dsync.NewSemaphore(newSession(t), name, 3)
+	ms := semaphores(t, name, 3, 2)
+	a, b := ms[0], ms[1]
 	if err := a.Acquire(ctx, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -460,9 +469,8 @@ func TestSemaphoreReleaseWakesWaiter(t *testing.T) {
 	t.Run("line of waiters", func(t *testing.T) {
 		ctx := context.Background()
 		name := lockName(t)
-		a := dsync.NewSemaphore(newSession(t), name, 2)
-		b := dsync.NewSemaphore(newSession(t), name, 2)
-		c := dsync.NewSemaphore(newSession(t), name, 2)
+		ms := semaphores(t, name, 2, 3)
+		a, b, c := ms[0], ms[1], ms[2]
 		if err := a.Acquire(ctx, 2); err != nil {
 			t.Fatal(err)
 		}
