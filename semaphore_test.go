@@ -526,3 +526,25 @@ func releaseWakes(t *testing.T, which int, limit time.Duration) {
 	}
 	t.Logf("granted %v after the release", time.Since(released))
 }
+
+// TestSemaphoreUncontendedStatements: an uncontended Acquire+Release is
+// three statements: the enqueue, the take of the fence, the release.
+func TestSemaphoreUncontendedStatements(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t, dsync.WithTTL(time.Minute), dsync.WithFreeRowAge(0))
+	m := dsync.NewSemaphore(s, lockName(t), 3)
+	cycle := func() {
+		if err := m.Acquire(ctx, 2); err != nil {
+			t.Fatalf("Acquire: got %v; want <nil>", err)
+		}
+		if err := m.Release(ctx, 2); err != nil {
+			t.Fatalf("Release: got %v; want <nil>", err)
+		}
+	}
+	cycle() // creates the rows, prepares the statements
+	const n = 20
+	if fewest := fewestStatements(t, db, n, cycle, 3*n); fewest != 3*n {
+		t.Errorf("statements for %d uncontended Acquire+Release: got %d; want %d", n, fewest, 3*n)
+	}
+}
