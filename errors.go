@@ -38,7 +38,7 @@ var (
 	ErrSessionClosed = errors.New("dsync: session closed")
 
 	// ErrInvalidName is returned for a lock name that is empty, longer than
-	// 255 bytes or not valid UTF-8.
+	// 255 bytes (254 for an [Election]) or not valid UTF-8.
 	ErrInvalidName = errors.New("dsync: invalid lock name")
 
 	// ErrInvalidOption is returned by [NewSession] for a bad option value or
@@ -69,7 +69,7 @@ var (
 	// version 5 keep working on them, but their holds show a wrong age in
 	// ListLocks. Else, to move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
-	// and, if present, txlock), and start the new processes, which create them
+	// and, if present, txlock and leader), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in
 	// microseconds, above the old ones. Or give this version a prefix of its
 	// own (WithTablePrefix); the locks of the two versions are then apart,
@@ -83,10 +83,11 @@ var (
 	ErrDeadlock = errors.New("dsync: deadlock")
 
 	// ErrOtherKind is returned by Lock, TryLock, LockTx and TryLockTx of a
-	// [Mutex], and by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
-	// [RWMutex], when the name is used by the other kind of lock: a name is
-	// one lock, bound to the kind that first used it (Mutex, or the queued
-	// locks, FairMutex and RWMutex, which share one lock space) until the
+	// [Mutex], by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
+	// [RWMutex], and by [Election.Campaign], when the name is used by
+	// another kind of lock: a name is one lock, bound to the kind that
+	// first used it (Mutex; the queued locks, FairMutex and RWMutex, which
+	// share one lock space; or Election) until the
 	// clean-up deletes its idle rows (see [WithFreeRowAge]). The call holds
 	// nothing and does not wait for the name, not even for a transaction
 	// that holds it ([Mutex.LockTx]); only while another transaction is
@@ -94,6 +95,22 @@ var (
 	// a queued lock pauses as its back-off says (see [WithBackOff]). The
 	// wrapped message names the kind that uses the name.
 	ErrOtherKind = errors.New("dsync: name is used by another kind of lock")
+
+	// ErrNotLeader is returned by [Election.Proclaim] when this session
+	// does not lead the election: it never campaigned, resigned, or its
+	// leadership ended (its session ended, or an operator released the
+	// hold by force). When the session has ended, the error wraps its
+	// [ErrSessionExpired] or [ErrSessionClosed] too.
+	ErrNotLeader = errors.New("dsync: not the leader")
+
+	// ErrNoLeader is returned by [Election.Leader] when nobody leads the
+	// election: nobody campaigns, or the leader's lease has ended (on the
+	// database's clock) and the next campaigner has not taken over yet.
+	ErrNoLeader = errors.New("dsync: no leader")
+
+	// ErrValueTooLong is returned by [Election.Campaign] and
+	// [Election.Proclaim] for a value longer than 65535 bytes.
+	ErrValueTooLong = errors.New("dsync: value too long")
 
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
@@ -105,9 +122,14 @@ var (
 // lock uses; kind is the kind column of the name's lock row. The caller
 // wraps it with the name.
 func otherKindError(kind int) error {
-	user := "a Mutex"
-	if kind == kindRowQueued {
+	user := "another kind of lock"
+	switch kind {
+	case kindRowMutex:
+		user = "a Mutex"
+	case kindRowQueued:
 		user = "a FairMutex or RWMutex"
+	case kindRowElection:
+		user = "an Election"
 	}
 	return fmt.Errorf("%w: %s uses it (until the clean-up deletes its idle rows, see WithFreeRowAge)", ErrOtherKind, user)
 }

@@ -65,8 +65,8 @@ func (r *lockRows) acquireRow(ctx context.Context, name string, token int64, mod
 		return 0, !connpool.Reusable(err) || ctx.Err() != nil, err
 	}
 	fence, err = res.LastInsertId()
-	if fence == otherKind {
-		return 0, false, otherKindError(kindRowQueued) // see "One name, one kind" in queries.go
+	if fence >= otherKind {
+		return 0, false, otherKindError(int(fence - otherKind)) // see "One name, one kind" in queries.go
 	}
 	return fence, false, err
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // TestLeastPrivileges: a user with SELECT, INSERT, UPDATE and DELETE on the
-// six tables of a prefix, and nothing else, runs every lock kind, LockTx
+// seven tables of a prefix, and nothing else, runs every lock kind, LockTx
 // (its transaction on the same user) and the operator calls on tables a
 // DBA created from dsync.Schema (what dsync schema prints), as
 // docs/OPERATIONS.md says; and NewSession on a prefix without tables
@@ -44,7 +44,7 @@ func TestLeastPrivileges(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { root.Exec("DROP USER '" + user + "'@'%'") })
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock", "leader"} {
 		grant := "GRANT SELECT, INSERT, UPDATE, DELETE ON `" + prefix + table + "` TO '" + user + "'@'%'"
 		if _, err := root.ExecContext(ctx, grant); err != nil {
 			t.Fatalf("%s: %v", grant, err)

@@ -143,8 +143,9 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 
 // createQueueRow creates the name's queue row (qQueueCreate), unless it
 // exists, in one transaction with qQueueBind, which binds the name to the
-// queued locks (see "One name, one kind" in queries.go). It returns
-// ErrOtherKind when a Mutex uses the name, and creates nothing then.
+// queued locks (see "One name, one kind" in queries.go), or, for an
+// Election's queue key, qElectionBind (see boundAs). It returns
+// ErrOtherKind when another kind uses the name, and creates nothing then.
 //
 // The bind does not wait for a transaction that holds the lock row (the
 // no-wait variant, see noWaitSQL): a Mutex may create the row after the
@@ -157,14 +158,15 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 func (s *Session) createQueueRow(ctx context.Context, c *call, name string) error {
 	_, err := s.waitFor(ctx, c, true, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
+			row, want := boundAs(name)
 			kind, err := s.tickets.bindQueueRow(ctx, name)
 			if isErrNo(err, errLockWaitTimeout) {
-				if kind, err = s.tickets.lockKind(ctx, name); err == nil && kind != kindRowMutex {
+				if kind, err = s.tickets.lockKind(ctx, row); err == nil && (kind == kindRowNone || kind == want) {
 					return false, nil // bind again after a pause
 				}
 			}
-			if err == nil && kind == kindRowMutex {
-				err = otherKindError(kindRowMutex)
+			if err == nil && kind != kindRowNone && kind != want {
+				err = otherKindError(kind)
 			}
 			if err != nil {
 				return false, stopWait{err}

@@ -103,22 +103,28 @@ func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int6
 }
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
-// reads the kind of the name's lock row, and unless a Mutex uses the name,
-// binds it and creates the queue row in one transaction. It returns the
-// kind of the row (kindRowMutex: nothing was written), and a lock wait
-// timeout (errLockWaitTimeout) when a transaction holds the lock row.
+// reads the kind of the lock row that the queue row of name binds (see
+// boundAs), and unless another kind uses it, binds it and creates the
+// queue row in one transaction. It returns the kind of the row (another
+// kind than boundAs's, or kindRowOther: nothing was written), and a lock
+// wait timeout (errLockWaitTimeout) when a transaction holds the lock row.
 func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
+	row, want := boundAs(name)
+	plain, variant := sQueueBind, sQueueBindNoWait
+	if want == kindRowElection {
+		plain, variant = sElectionBind, sElectionBindNoWait
+	}
 	kind := kindRowNone
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
-		if kind, err = t.lockKindOn(ctx, c, name); err != nil || kind == kindRowMutex {
+		if kind, err = t.lockKindOn(ctx, c, row); err != nil || (kind != kindRowNone && kind != want) {
 			return err // without a write, and without waiting for a LockTx that holds the row
 		}
 		if hook := kindReadHook.Load(); hook != nil {
 			(*hook)(name)
 		}
 		for {
-			stmt := t.st.noWait(sQueueBind, sQueueBindNoWait)
+			stmt := t.st.noWait(plain, variant)
 			bind, err := c.Stmt(ctx, t.st.pool, int(stmt))
 			if err != nil {
 				return err
@@ -130,7 +136,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 			// No retry after a lock wait timeout: createQueueRow decides.
 			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 				return nil, enqueueTx(ctx, c, func() error {
-					res, err := bind.ExecContext(ctx, name)
+					res, err := bind.ExecContext(ctx, row)
 					var bound int64
 					if err == nil {
 						bound, err = res.LastInsertId()
@@ -139,15 +145,15 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 						return err
 					}
 					if bound == otherKind {
-						kind = kindRowMutex // a Mutex created the row since the read: nothing was written
+						kind = kindRowOther // another kind created the row since the read: nothing was written
 						return nil
 					}
-					kind = kindRowQueued
+					kind = want
 					_, err = create.ExecContext(ctx, name)
 					return err
 				})
 			}, 0)
-			if stmt == sQueueBindNoWait && t.st.noWaitRefused(err) {
+			if stmt == variant && t.st.noWaitRefused(err) {
 				continue // the plain statement, from now on
 			}
 			return err
