@@ -2,7 +2,8 @@
 // a first-come-first-served [FairMutex] — shared by every process that
 // reaches one MySQL-compatible database (tested on MariaDB 10.11 and
 // Galera 4; MariaDB 10.6+ and MySQL 5.7/8 expected, untested: see the
-// servers table in docs/OPERATIONS.md).
+// servers table in docs/OPERATIONS.md), and on the same locks a leader
+// [Election].
 //
 // A [Session] holds a lease row that a background goroutine renews every
 // TTL/3 (at most 2s apart); every lock taken through the session lives exactly as long as that
