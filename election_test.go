@@ -641,3 +641,42 @@ func TestOldMutexNeverTakesAnElectionName(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestElectionLeaderNeverPairsAnotherHoldsTerm puts the line in the state
+// between a new holder's turn and its record (a live ticket at the head,
+// as if its take had not run yet) with rows that must not count: the
+// previous leader's record, and a record the new holder's session left
+// from an earlier hold (another token). Nobody leads until the holder's
+// own record is there; then it leads with its own term and value.
+func TestElectionLeaderNeverPairsAnotherHoldsTerm(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	as, bs := newSession(t), newSession(t)
+	a := dsync.NewElection(as, name)
+	if err := a.Campaign(bg, "a"); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a's hold ends without its record going (the slot freed by hand), and
+	// b's ticket, token 99, reaches the head; b's session has a record of
+	// an earlier hold, token 5.
+	exec("UPDATE dsync_queue SET holder = 0, token = 0 WHERE name = ?", electionKey(name))
+	exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, 1, ?, 99, 1)", electionKey(name), bs.ID())
+	exec("INSERT INTO dsync_leader (name, holder, token, term, value) VALUES (?, ?, 5, ?, 'stale')", name, bs.ID(), a.Term()+1)
+	t.Cleanup(func() { db.Exec("DELETE FROM dsync_ticket WHERE name = ? AND holder = ?", electionKey(name), bs.ID()) })
+	observer := dsync.NewElection(newSession(t), name)
+	if l, err := observer.Leader(bg); !errors.Is(err, dsync.ErrNoLeader) {
+		t.Fatalf("Leader between the turn and the record: got %+v, %v; want ErrNoLeader", l, err)
+	}
+	exec("UPDATE dsync_leader SET token = 99, term = ?, value = 'b' WHERE name = ? AND holder = ?", a.Term()+2, name, bs.ID())
+	want := dsync.Leader{Value: "b", Session: bs.ID(), Term: a.Term() + 2}
+	if got := mustLeader(t, observer); got != want {
+		t.Fatalf("Leader after the holder's record: got %+v; want %+v", got, want)
+	}
+}
