@@ -42,11 +42,12 @@ type LockKind string
 // kind, KindWrite: both are exclusive tickets of the queued locks, and
 // the tables do not record which type took them (a FairMutex is the write
 // side of the RWMutex of the same name). A name has holds of one kind of
-// lock only: Mutex, or the queued locks (see [ErrOtherKind]).
+// lock only: Mutex, the queued locks, or Election (see [ErrOtherKind]).
 const (
-	KindMutex LockKind = "mutex" // a Mutex hold
-	KindWrite LockKind = "write" // a FairMutex hold or an RWMutex write hold
-	KindRead  LockKind = "read"  // an RWMutex read hold
+	KindMutex  LockKind = "mutex"  // a Mutex hold
+	KindWrite  LockKind = "write"  // a FairMutex hold or an RWMutex write hold
+	KindRead   LockKind = "read"   // an RWMutex read hold
+	KindLeader LockKind = "leader" // an Election's leader, listed by ListLocks only
 )
 
 // LockInfo describes one hold of a lock by a live session, as the database
@@ -172,6 +173,12 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		return nil, opErrorf(err, "list FairMutex and RWMutex holders")
 	}
 	locks = appendHolds(locks, line)
+	for i, l := range locks {
+		// An Election's hold is an exclusive ticket under its queue key.
+		if name, kind := boundAs(l.Name, 0); kind == kindRowElection {
+			locks[i].Name, locks[i].Kind = name, KindLeader
+		}
+	}
 	slices.SortStableFunc(locks, func(a, b LockInfo) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(string(a.Kind), string(b.Kind)),
 			cmp.Compare(a.Session, b.Session))

@@ -29,8 +29,8 @@ func TestSchemaIsWhatNewSessionCreates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Schema: got %v; want nil", err)
 	}
-	if len(stmts) != 7 {
-		t.Fatalf("Schema: got %d statements; want 7 (6 tables and the version record)", len(stmts))
+	if len(stmts) != 8 {
+		t.Fatalf("Schema: got %d statements; want 8 (7 tables and the version record)", len(stmts))
 	}
 	for _, s := range stmts {
 		if _, err := db.Exec(s); err != nil {
@@ -45,7 +45,7 @@ func TestSchemaIsWhatNewSessionCreates(t *testing.T) {
 	if err := sessionOn(t, db, dsync.WithTablePrefix(created)).Close(); err != nil {
 		t.Fatalf("Close: got %v; want nil", err)
 	}
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock", "leader"} {
 		a, c := showCreate(t, db, applied+table), showCreate(t, db, created+table)
 		if strings.ReplaceAll(a, applied, created) != c {
 			t.Errorf("table %s: Schema's statements made\n%s\nNewSession made\n%s", table, a, c)

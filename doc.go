@@ -2,7 +2,8 @@
 // a first-come-first-served [FairMutex] — shared by every process that
 // reaches one MySQL-compatible database (tested on MariaDB 10.11 and
 // Galera 4; MariaDB 10.6+ and MySQL 5.7/8 expected, untested: see the
-// servers table in docs/OPERATIONS.md).
+// servers table in docs/OPERATIONS.md), and on the same locks a leader
+// [Election].
 //
 // A [Session] holds a lease row that a background goroutine renews every
 // TTL/3 (at most 2s apart); every lock taken through the session lives exactly as long as that
@@ -39,9 +40,10 @@
 //
 // # Tables
 //
-// NewSession creates, when they are missing, six tables (names with the
+// NewSession creates, when they are missing, seven tables (names with the
 // prefix of [WithTablePrefix], default "dsync_"): schema, lease, lock,
-// queue, ticket and txlock. Rows of lock and queue that have been free for
+// queue, ticket, txlock and leader (the values of [Election] leaders; a
+// version of the tables without it gets it added, no other change). Rows of lock and queue that have been free for
 // an hour ([WithFreeRowAge]) are deleted in the background, and fences
 // never go back. See queries.go for every statement dsync sends, [Session]
 // for the connections dsync keeps, and [docs/OPERATIONS.md] for the tables, the
@@ -74,7 +76,7 @@
 // meaning and type:
 //
 //	lock         string         the lock name
-//	kind         string         the kind of lock: "mutex" (Mutex) or "queue" (FairMutex, RWMutex); a name is one kind's
+//	kind         string         the kind of lock: "mutex" (Mutex), "queue" (FairMutex, RWMutex) or "election" (Election); a name is one kind's
 //	op           string         the call: "lock" (Lock of any kind), "rlock" (RLock) or "locktx" (LockTx)
 //	err          error          what failed
 //	waited       time.Duration  from the call to its return

@@ -38,7 +38,7 @@ var (
 	ErrSessionClosed = errors.New("dsync: session closed")
 
 	// ErrInvalidName is returned for a lock name that is empty, longer than
-	// 255 bytes or not valid UTF-8.
+	// 255 bytes (254 for an [Election]) or not valid UTF-8.
 	ErrInvalidName = errors.New("dsync: invalid lock name")
 
 	// ErrInvalidOption is returned by [NewSession] for a bad option value or
@@ -71,7 +71,7 @@ var (
 	// version 5 show a wrong age in ListLocks, and neither may share a name
 	// with a Semaphore). Else, to move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
-	// and, if present, txlock), and start the new processes, which create them
+	// and, if present, txlock and leader), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in
 	// microseconds, above the old ones. Or give this version a prefix of its
 	// own (WithTablePrefix); the locks of the two versions are then apart,
@@ -86,10 +86,11 @@ var (
 
 	// ErrOtherKind is returned by Lock, TryLock, LockTx and TryLockTx of a
 	// [Mutex], by Lock, TryLock, RLock and TryRLock of a [FairMutex] or
-	// [RWMutex], and by Acquire and TryAcquire of a [Semaphore], when the
-	// name is used by another kind of lock: a name is one lock, bound to
-	// the kind that first used it (Mutex, the queued locks, FairMutex and
-	// RWMutex, which share one lock space, or Semaphore) until the
+	// [RWMutex], by Acquire and TryAcquire of a [Semaphore], and by
+	// [Election.Campaign], when the name is used by another kind of lock:
+	// a name is one lock, bound to the kind that first used it (Mutex; the
+	// queued locks, FairMutex and RWMutex, which share one lock space;
+	// Semaphore; or Election) until the
 	// clean-up deletes its idle rows (see [WithFreeRowAge]). The call holds
 	// nothing and does not wait for the name, not even for a transaction
 	// that holds it ([Mutex.LockTx]); only while another transaction is
@@ -121,6 +122,21 @@ var (
 	// the clean-up deletes its idle rows, see [WithFreeRowAge]). The call
 	// holds nothing.
 	ErrLimitMismatch = errors.New("dsync: semaphore limit differs from the name's")
+	// ErrNotLeader is returned by [Election.Proclaim] when this session
+	// does not lead the election: it never campaigned, resigned, or its
+	// leadership ended (its session ended, or an operator released the
+	// hold by force). When the session has ended, the error wraps its
+	// [ErrSessionExpired] or [ErrSessionClosed] too.
+	ErrNotLeader = errors.New("dsync: not the leader")
+
+	// ErrNoLeader is returned by [Election.Leader] when nobody leads the
+	// election: nobody campaigns, or the leader's lease has ended (on the
+	// database's clock) and the next campaigner has not taken over yet.
+	ErrNoLeader = errors.New("dsync: no leader")
+
+	// ErrValueTooLong is returned by [Election.Campaign] and
+	// [Election.Proclaim] for a value longer than 65535 bytes.
+	ErrValueTooLong = errors.New("dsync: value too long")
 
 	// ErrNotObtained is returned by a blocking Lock when the back-off policy
 	// given with [WithBackOff] stops (returns backoff.Stop) before the lock
@@ -132,12 +148,16 @@ var (
 // lock uses; kind is the kind column of the name's lock row. The caller
 // wraps it with the name.
 func otherKindError(kind int) error {
-	user := "a Mutex"
+	user := "another kind of lock"
 	switch kind {
+	case kindRowMutex:
+		user = "a Mutex"
 	case kindRowQueued:
 		user = "a FairMutex or RWMutex"
 	case kindRowSemaphore:
 		user = "a Semaphore"
+	case kindRowElection:
+		user = "an Election"
 	}
 	return fmt.Errorf("%w: %s uses it (until the clean-up deletes its idle rows, see WithFreeRowAge)", ErrOtherKind, user)
 }

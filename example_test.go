@@ -506,3 +506,63 @@ func ExampleSemaphore() {
 	fmt.Println("never more than 2 exports at once:", most.Load() <= 2)
 	// Output: never more than 2 exports at once: true
 }
+
+// One leader among replicas: each campaigns, the leader does the work
+// until it resigns (or its session ends: watch Done), and the others wait
+// in line. Observe follows the leaders.
+func ExampleElection() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	a, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+	b, err := dsync.NewSession(ctx, db) // as if in another process
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+
+	ea, eb := dsync.NewElection(a, "scheduler"), dsync.NewElection(b, "scheduler")
+	if err := ea.Campaign(ctx, "replica-a"); err != nil {
+		log.Fatal(err)
+	}
+	leader, err := eb.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leader:", leader.Value, "term > 0:", leader.Term > 0)
+
+	observeCtx, stopObserving := context.WithCancel(ctx)
+	changes := eb.Observe(observeCtx)
+	fmt.Println("observed:", (<-changes).Value)
+
+	won := make(chan error, 1)
+	go func() { won <- eb.Campaign(ctx, "replica-b") }() // waits in line
+	// ... replica a works while a.Done() is open, then steps down ...
+	if err := ea.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if err := <-won; err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("observed:", (<-changes).Value)
+	fmt.Println("a later term:", eb.Term() > leader.Term)
+
+	stopObserving()
+	for range changes { // closed once the observer has stopped
+	}
+	if err := eb.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// leader: replica-a term > 0: true
+	// observed: replica-a
+	// observed: replica-b
+	// a later term: true
+}

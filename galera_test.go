@@ -1639,3 +1639,76 @@ func TestGaleraMutexHandoff(t *testing.T) {
 		})
 	}
 }
+
+// TestGaleraElection campaigns from the three nodes for a few rounds: one
+// leader at a time (the overlap detector), terms strictly increasing, and
+// every node's Leader and an observer on another node agree with the
+// leader's own term and value, in order.
+func TestGaleraElection(t *testing.T) {
+	const rounds = 6
+	g := newGaleraDB(t)
+	name := lockName(t)
+	ctx := context.Background()
+	var es [galeraNodes]*dsync.Election
+	var ids [galeraNodes]int64
+	for i := range galeraNodes {
+		s := g.session(t, i)
+		es[i], ids[i] = dsync.NewElection(s, name), s.ID()
+	}
+	octx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	observed := dsync.NewElection(g.session(t, 1), name).Observe(octx)
+	var det overlapDetector
+	var errs errorLog
+	var wg sync.WaitGroup
+	terms := make(chan dsync.Leader, rounds*galeraNodes)
+	for i, e := range es {
+		goCounted(&wg, func() {
+			for r := range rounds / galeraNodes {
+				value := fmt.Sprintf("node%d-%d", i+1, r)
+				if err := e.Campaign(ctx, value); err != nil {
+					errs.add("node %d Campaign: %v", i+1, err)
+					return
+				}
+				det.enter()
+				l := dsync.Leader{Value: value, Session: ids[i], Term: e.Term()}
+				for j, other := range es {
+					if got, err := other.Leader(ctx); err != nil || got != l {
+						errs.add("node %d's Leader while node %d leads: got %+v, %v; want %+v", j+1, i+1, got, err, l)
+					}
+				}
+				terms <- l
+				time.Sleep(50 * time.Millisecond)
+				det.leave()
+				if err := e.Resign(ctx); err != nil {
+					errs.add("node %d Resign: %v", i+1, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(terms)
+	if errs.len() > 0 {
+		t.Fatal(errs.String())
+	}
+	if n := det.overlaps.Load(); n > 0 {
+		t.Fatalf("overlapping leaders: %d; want none", n)
+	}
+	var leaders []dsync.Leader
+	for l := range terms {
+		leaders = append(leaders, l)
+	}
+	for i := 1; i < len(leaders); i++ {
+		if leaders[i].Term <= leaders[i-1].Term {
+			t.Fatalf("terms in leading order: %+v; want strictly increasing", leaders)
+		}
+	}
+	cancel()
+	var last int64
+	for l := range observed {
+		if l.Term <= last || !slices.Contains(leaders, l) {
+			t.Fatalf("observed %+v after term %d; want a later leader among %+v", l, last, leaders)
+		}
+		last = l.Term
+	}
+}

@@ -16,7 +16,7 @@ import (
 )
 
 // TestLeastPrivileges: a user with SELECT, INSERT, UPDATE and DELETE on the
-// six tables of a prefix, and nothing else, runs every lock kind, LockTx
+// seven tables of a prefix, and nothing else, runs every lock kind, LockTx
 // (its transaction on the same user) and the operator calls on tables a
 // DBA created from dsync.Schema (what dsync schema prints), as
 // docs/OPERATIONS.md says; and NewSession on a prefix without tables
@@ -44,7 +44,7 @@ func TestLeastPrivileges(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { root.Exec("DROP USER '" + user + "'@'%'") })
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock", "leader"} {
 		grant := "GRANT SELECT, INSERT, UPDATE, DELETE ON `" + prefix + table + "` TO '" + user + "'@'%'"
 		if _, err := root.ExecContext(ctx, grant); err != nil {
 			t.Fatalf("%s: %v", grant, err)
@@ -96,6 +96,31 @@ func TestLeastPrivileges(t *testing.T) {
 	defer tx.Rollback()
 	must("LockTx", dsync.NewMutex(s, "tx").LockTx(ctx, tx))
 	must("Commit", tx.Commit())
+	e := dsync.NewElection(s, "e")
+	must("Campaign", e.Campaign(ctx, "v"))
+	must("Proclaim", e.Proclaim(ctx, "w"))
+	_, err = e.Leader(ctx)
+	must("Leader", err)
+	must("Resign", e.Resign(ctx))
+	must("Close", s.Close())
+
+	// Tables of this schema version made before Elections (no leader
+	// table), for a user without CREATE: NewSession and the locks work on;
+	// an Election fails with the server's error.
+	if _, err := root.ExecContext(ctx, "DROP TABLE `"+prefix+"leader`"); err != nil {
+		t.Fatal(err)
+	}
+	s, err = dsync.NewSession(ctx, db, dsync.WithTablePrefix(prefix), dsync.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatalf("NewSession without CREATE on tables without the leader table: got %v; want nil", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	must("Lock without the leader table", dsync.NewMutex(s, "m").Lock(ctx))
+	if err := dsync.NewElection(s, "e").Campaign(ctx, "v"); err == nil {
+		t.Fatal("Campaign without the leader table: got nil; want an error")
+	} else {
+		t.Logf("Campaign without the leader table: %v", err)
+	}
 	must("Close", s.Close())
 
 	// Without CREATE, a prefix whose tables do not exist.

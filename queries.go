@@ -4,7 +4,7 @@ import "strings"
 
 // All SQL that dsync sends lives in this file (admin.go's in queries_admin.go). Each statement names its
 // arguments (in order) and what its result means. "{lease}", "{lock}",
-// "{queue}", "{ticket}" and "{schema}" stand for the session's table names: the table
+// "{queue}", "{ticket}", "{leader}" and "{schema}" stand for the session's table names: the table
 // prefix, validated by NewSession to [A-Za-z0-9_]{0,32}, plus the table's
 // name, in backquotes
 // (an empty prefix leaves the reserved word lock). No other text from
@@ -82,12 +82,13 @@ const (
 	// kind binds the name to one kind of lock while the row exists (see
 	// "One name, one kind" below): 0 (kindRowMutex) a Mutex's, 1
 	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), 3
-	// (kindRowSemaphore) a Semaphore's; the row of the last two is never
-	// held (holder stays 0) and its fence only counts the creations of the
-	// name's queue row. permits is a Semaphore's limit, written by the
-	// statement that binds the name (qQueueBind), so it stands for as long
-	// as the name stays bound: while any queue row or ticket of the name
-	// exists (see lockFree); 0 for the other kinds.
+	// (kindRowSemaphore) a Semaphore's, 4 (kindRowElection) an Election's;
+	// the row of the last three is never held (holder stays 0) and its
+	// fence only counts the creations of the name's queue row. permits is
+	// a Semaphore's limit, written by the statement that binds the name
+	// (qQueueBind), so it stands for as long as the name stays bound: while
+	// any queue row or ticket of the name exists (see lockFree); 0 for the
+	// other kinds.
 	qCreateLock = `CREATE TABLE IF NOT EXISTS {lock} (
   name          VARBINARY(255) NOT NULL PRIMARY KEY,
   holder        BIGINT         NOT NULL DEFAULT 0,
@@ -315,16 +316,16 @@ const qLentLockWait = `SET SESSION innodb_lock_wait_timeout = 1`
 // args, no result.
 const qLentNoWait = `SET SESSION innodb_lock_wait_timeout = 0`
 
-// qTablesPresent lists which of the six tables exist, so that NewSession
+// qTablesPresent lists which of the seven tables exist, so that NewSession
 // runs DDL only when one is missing (CREATE TABLE IF NOT EXISTS on a table
 // that exists is still DDL: it takes metadata locks and, on Galera, is
 // replicated cluster-wide as a total-order operation that writes racing it
-// fail certification against). Args: the six table names. Result: one
+// fail certification against). Args: the seven table names. Result: one
 // row per table found, its name as stored, and whether the server compares
 // table names without regard to case (@@lower_case_table_names not 0: then
 // it may store and return them in lower case).
 const qTablesPresent = `SELECT TABLE_NAME, @@lower_case_table_names <> 0 FROM information_schema.TABLES
-WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?, ?)`
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, ?, ?, ?, ?, ?, ?)`
 
 // qWsrepOn tells whether the server is a Galera cluster node with
 // replication on: one row whose Value is ON. MySQL has no such variable and
@@ -381,8 +382,8 @@ const (
 	// waited, else 0: see wanted_until.) LastInsertId is the new
 	// fence when the lock was taken, 0 otherwise (no row, a holder that may
 	// be live, or a claim that may be stale: then qLockAcquire decides).
-	// A row of the queued locks' name (kind 1) is never taken: qLockAcquire
-	// then reports it.
+	// A row of another kind (the queued locks', an Election's) is never
+	// taken: qLockAcquire then reports it.
 	qLockAcquireFast = `UPDATE {lock} SET holder = ?, token = ?, fence = LAST_INSERT_ID(fence + 1), waiter = IF(?, -1, 0),
   held_since = UTC_TIMESTAMP(6)
 WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
@@ -394,8 +395,8 @@ WHERE name = ? AND holder = 0 AND (waiter <= 0 OR waiter = ?) AND kind = 0`
 	// qLockAcquireFast.)
 	//
 	// LastInsertId is the new fence when the lock was taken, 0 when a live
-	// lease holds it, otherKind plus the row's kind when the name is
-	// another kind's (see "One name, one kind"; the row is left
+	// lease holds it, otherKind plus the row's kind when another kind uses
+	// the name (any kind but 0, see "One name, one kind"; the row is left
 	// unchanged). RowsAffected is
 	// not used: it depends on the client's clientFoundRows.
 	//
@@ -1182,21 +1183,23 @@ const (
 // exists (kind: 0 Mutex, including Mutex.LockTx; 1 the queued locks,
 // FairMutex and RWMutex, which share one lock space; 3 Semaphore, whose
 // line is the queued locks' machinery with the queue row's permits not
-// 0), and the other kinds get ErrOtherKind. A Semaphore binds like a
-// queued lock (qQueueBind, with kind 3 and its limit), and the queued
-// statements tell the two lines apart by the queue row's permits (see
-// qCreateQueue), without reading the lock row. Every row of either kind is created through a write
+// 0; 4 Election, see "Elections" below), and the other kinds get
+// ErrOtherKind. A Semaphore binds like a queued lock (qQueueBind, with
+// kind 3 and its limit), and the queued statements tell the two lines
+// apart by the queue row's permits (see qCreateQueue), without reading
+// the lock row. Every row of either kind is created through a write
 // of that one row, so two sessions racing with different kinds on a name
 // meet on its primary key, on a single server (the row lock) and on a
 // Galera cluster (certification: the loser's transaction is rolled back,
 // 1213, and runs again):
 //
 //   - A Mutex creates its row by inserting it (qLockAcquire), with kind 0;
-//     a row of kind 1 it leaves unchanged and reports (otherKind).
+//     a row of another kind it leaves unchanged and reports (otherKind).
 //   - A queued lock creates its queue row (qQueueCreate) only in one
 //     transaction with qQueueBind, which writes the lock row: inserts it
 //     with kind 1, or adds one to the fence of a kind-1 row; a kind-0 row
-//     it leaves unchanged and reports. Before that it reads the row
+//     (or any other kind's) it leaves unchanged and reports. An Election
+//     binds with kind 4, and creates the queue row of its queue key. Before that it reads the row
 //     (qLockKind), so that a Mutex's name fails without a write, and
 //     without waiting for a transaction that holds the row (LockTx). A
 //     Mutex may create the row after that read and hand it to a
@@ -1243,12 +1246,140 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = VALUES(kind) AND permits = VALUES(perm
   fence + 0 * LAST_INSERT_ID(IF(kind = VALUES(kind), ` + limitMismatchSQL + `, ` + otherKindSQL + ` + kind)))`
 )
 
+// Elections (see election.go). An Election of name N is a queued lock,
+// whose exclusive hold is the leadership and whose fence is the term, kept
+// in the queue and ticket tables under its queue key: N with the byte 0xFF
+// before it (electionKey; queueKeySQL), which no lock name has (names are
+// UTF-8, where 0xFF never occurs), so that no FairMutex or RWMutex, of
+// this version or an older one, ever reads or takes an Election's rows:
+// their statements do not read the lock row's kind once the queue row
+// exists. N itself is bound to the Election in the lock table, kind 4
+// (qQueueBind, see "One name, one kind"), so that a Mutex, FairMutex
+// or RWMutex of the name gets ErrOtherKind, and an Election of a name
+// they use gets it too. Why 4 and not 2: the Mutex statement of schema
+// version 6 before Elections (qLockAcquire) answered LAST_INSERT_ID(kind
+// * otherKind) for a row of another kind, and only 1 * otherKind was its
+// refusal; with 2 or 3 it answered a positive number, which that code
+// took for a fence: a Mutex held without a row. From 4 on the product
+// overflows a BIGINT, and that code gets error 1690 instead (not
+// retried: its Lock returns it), so a process of that version never
+// takes an Election's name for its own. Its FairMutex and RWMutex refuse
+// the name at their bind (qQueueBind answers otherKind for any kind but
+// 1). Its sweep treats the lock row of kind 4 as free while the name has
+// no queue row of its own (an Election's are under the queue key), and
+// may delete it: then, with processes of both versions at work, another
+// kind may bind the name while an Election runs under its queue key; the
+// two never share a row, so neither's guarantees depend on it. Its value is in the leader table (qCreateLeader),
+// written by the leader only while it holds (qLeaderRecord,
+// qLeaderProclaim) and read together with the hold in one statement
+// (qLeaderRead).
+const (
+	// qCreateLeader creates the leader table: one row per election name
+	// and session that leads or led it, written by the leader once it
+	// holds (qLeaderRecord): token, the acquisition token of the hold it
+	// was written for (the queue row's head slot token, or the ticket's),
+	// term the fence that hold took, ver the number of the value's
+	// latest Proclaim in that term (0: the Campaign's), value the value.
+	// A row counts only while its hold does: joined with the name's
+	// current holder by holder and token (qLeaderRead), a row of an
+	// ended hold or lease never matches, and is overwritten by the
+	// session's next hold of the name, deleted by Resign, or by the sweep
+	// once its lease has ended (qLeadersEnded).
+	qCreateLeader = `CREATE TABLE IF NOT EXISTS {leader} (
+  name   VARBINARY(255) NOT NULL,
+  holder BIGINT         NOT NULL,
+  token  BIGINT         NOT NULL,
+  term   BIGINT         NOT NULL,
+  ver    BIGINT         NOT NULL DEFAULT 0,
+  value  BLOB           NOT NULL,
+  PRIMARY KEY (name, holder)
+) ENGINE=InnoDB`
+
+	// qLeaderRecord records the leader of a hold that has taken its fence
+	// (the head slot's qQueueTake, or an exclusive ticket's qTicketTake):
+	// the row of this session and name, with the hold's token, its fence
+	// as the term, ver 0 and the value, in place of any earlier one of the
+	// session. It writes only while the hold is there (the head slot or
+	// the ticket with this token), so that a statement that the client
+	// gave up on and that lands late, after the hold ended, records
+	// nothing; a later hold of the session is not possible before this
+	// one's ticket or slot is gone (one hold per session and name). Args:
+	// name, lease id, token, term, value, queue key, lease id, token,
+	// queue key, lease id, token. RowsAffected 0: the hold is gone.
+	qLeaderRecord = `INSERT INTO {leader} (name, holder, token, term, ver, value)
+SELECT ?, ?, ?, ?, 0, ? FROM DUAL
+WHERE EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
+   OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `)
+ON DUPLICATE KEY UPDATE token = VALUES(token), term = VALUES(term), ver = 0, value = VALUES(value)`
+
+	// qLeaderProclaim changes the leader's value, only while its lease is
+	// live (the server's clock) and its hold is there, and only to a later
+	// ver than the row has: ver is chosen by the client, one above the
+	// last it sent, so that a Proclaim the client gave up on that lands
+	// after a later one changes nothing. Args: value, ver, name, lease
+	// id, token, ver, queue key, queue key. RowsAffected 1: changed (ver
+	// always changes, whatever clientFoundRows says); 0: not leading.
+	qLeaderProclaim = `UPDATE {leader} SET value = ?, ver = ?
+WHERE name = ? AND holder = ? AND token = ? AND ver < ?
+  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {leader}.holder AND l.expires_at > UTC_TIMESTAMP(6))
+  AND (EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = {leader}.holder AND q.token = {leader}.token)
+       OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = {leader}.holder AND t.token = {leader}.token
+                  AND t.seq < ` + markerBaseSQL + `))`
+
+	// qLeaderRead reads an election's holder and its leader row in one
+	// statement (one view of the tables): the live holder of the head
+	// slot, else the first live ticket (an Election's tickets are all
+	// exclusive: the first live one holds once it has taken the fence),
+	// joined by lease id and token with its leader row, which exists only
+	// once that hold has taken its fence and recorded it (qLeaderRecord).
+	// So a term is never paired with another hold's value, nor reported
+	// before its hold took it; a holder whose lease has ended on the
+	// server's clock is no holder. Args: queue key, queue key, name.
+	// Result: term, ver and value (NULL: the holder has not recorded
+	// itself yet, so nobody leads), the holder's lease id, its doorbell's
+	// generation (0: none), and how long its lease has left in
+	// microseconds. No row: nobody holds or waits.
+	qLeaderRead = `SELECT c.term, c.ver, c.value, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
+FROM ((SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0)
+      UNION ALL
+      (SELECT 1, t.holder, t.token FROM {ticket} t JOIN {lease} tl ON tl.id = t.holder
+       WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND tl.expires_at > UTC_TIMESTAMP(6)
+       ORDER BY t.seq LIMIT 1)) h
+JOIN {lease} l ON l.id = h.holder AND l.expires_at > UTC_TIMESTAMP(6)
+LEFT JOIN {leader} c ON c.name = ? AND c.holder = h.holder AND c.token = h.token
+ORDER BY h.pos LIMIT 1`
+
+	// qLeaderDelete deletes the session's leader row of a hold that ended
+	// (Resign, or a Campaign that failed after its hold). Args: name,
+	// lease id, token.
+	qLeaderDelete = `DELETE FROM {leader} WHERE name = ? AND holder = ? AND token = ?`
+
+	// qLeadersEnded lists up to limit leader rows whose lease has ended
+	// or is gone, for the sweep: a plain read, no locks. Lease ids are
+	// never reused and an ended lease never lives again, so such a row
+	// never counts again, and qLeaderPurge deletes it by its key. Args:
+	// limit.
+	qLeadersEnded = `SELECT c.name, c.holder FROM {leader} c
+  LEFT JOIN {lease} l ON l.id = c.holder AND l.expires_at > UTC_TIMESTAMP(6)
+WHERE l.id IS NULL LIMIT ?`
+
+	// qLeaderPurge deletes one leader row of an ended lease (see
+	// qLeadersEnded). Args: name, lease id.
+	qLeaderPurge = `DELETE FROM {leader} WHERE name = ? AND holder = ?`
+)
+
+// queueKeySQL is the name of the rows in the queue and ticket tables of a
+// lock table row: its name, or for an Election (kind 4) its queue key
+// (see electionKey). It is spliced into statements on the lock table.
+const queueKeySQL = `IF({lock}.kind = 4, CONCAT(X'FF', {lock}.name), {lock}.name)`
+
 // Kinds of a lock row (the kind column).
 const (
 	kindRowNone      = -1 // no row: the name is unbound (not a value of the column)
 	kindRowMutex     = 0  // Mutex
 	kindRowQueued    = 1  // FairMutex, RWMutex
 	kindRowSemaphore = 3  // Semaphore
+	kindRowElection  = 4  // Election (not 2 or 3: see "Elections" above)
 )
 
 // otherKind plus the kind of the name's row is the answer of qLockAcquire
@@ -1396,8 +1527,9 @@ WHERE name > ? AND name <= ? AND ` + queueMarkable
 // first false one, so the subqueries run only for rows that are otherwise
 // ready.
 //
-// A row of the queued locks (kind 1, see "One name, one kind") is free
-// only when its name has no queue row and no ticket: its queue row goes
+// A row of the queued locks (kind 1, see "One name, one kind"), or of an
+// Election (kind 4, whose queue rows and tickets are under its queue key,
+// queueKeySQL), is free only when its name has no queue row and no ticket: its queue row goes
 // first (the queue table's sweep, the age after that row was found
 // free), then the next pass marks the lock row, and a pass the age later
 // deletes it, unless a queue row was created meanwhile (qQueueBind adds one
@@ -1408,8 +1540,8 @@ const (
 	lockFree = `(waiter <= 0 OR claimed_until < UTC_TIMESTAMP(6))
   AND (holder = 0 OR NOT EXISTS (SELECT 1 FROM {lease} l
                                  WHERE l.id = {lock}.holder AND l.expires_at > UTC_TIMESTAMP(6)))
-  AND (kind = 0 OR NOT (EXISTS (SELECT 1 FROM {queue} kq WHERE kq.name = {lock}.name)
-                        OR EXISTS (SELECT 1 FROM {ticket} kt WHERE kt.name = {lock}.name)))`
+  AND (kind = 0 OR NOT (EXISTS (SELECT 1 FROM {queue} kq WHERE kq.name = ` + queueKeySQL + `)
+                        OR EXISTS (SELECT 1 FROM {ticket} kt WHERE kt.name = ` + queueKeySQL + `)))`
 	lockReady = `(idle_fence = fence AND idle_since <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
   AND ` + lockFree + `)`
 	lockMarkable = `((idle_since IS NULL OR idle_fence <> fence) AND ` + lockFree + `)`
@@ -1540,13 +1672,19 @@ const (
 	sSemTakeWoken
 	sSemShrink
 	sSemAhead
+	sLeaderRecord
+	sLeaderProclaim
+	sLeaderRead
+	sLeaderDelete
+	sLeadersEnded
+	sLeaderPurge
 	numStmts
 )
 
 // queries holds the statements of one table prefix.
 type queries struct {
-	tables   [6]string        // schema, lease, lock, queue, ticket and txlock table names, unquoted
-	creates  [6]string        // their CREATE TABLE statements, in the same order
+	tables   [7]string        // schema, lease, lock, queue, ticket, txlock and leader table names, unquoted
+	creates  [7]string        // their CREATE TABLE statements, in the same order
 	record   string           // qSchemaRecord
 	version  string           // qSchemaVersion
 	upgrade5 string           // qUpgradeFrom5
@@ -1557,12 +1695,12 @@ type queries struct {
 func newQueries(prefix string) *queries {
 	r := strings.NewReplacer("{lease}", "`"+prefix+"lease`", "{lock}", "`"+prefix+"lock`",
 		"{queue}", "`"+prefix+"queue`", "{ticket}", "`"+prefix+"ticket`", "{schema}", "`"+prefix+"schema`",
-		"{txlock}", "`"+prefix+"txlock`")
+		"{txlock}", "`"+prefix+"txlock`", "{leader}", "`"+prefix+"leader`")
 	q := &queries{
-		tables: [6]string{prefix + "schema", prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket",
-			prefix + "txlock"},
-		creates: [6]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
-			r.Replace(qCreateQueue), r.Replace(qCreateTicket), r.Replace(qCreateTxLock)},
+		tables: [7]string{prefix + "schema", prefix + "lease", prefix + "lock", prefix + "queue", prefix + "ticket",
+			prefix + "txlock", prefix + "leader"},
+		creates: [7]string{r.Replace(qCreateSchema), r.Replace(qCreateLease), r.Replace(qCreateLock),
+			r.Replace(qCreateQueue), r.Replace(qCreateTicket), r.Replace(qCreateTxLock), r.Replace(qCreateLeader)},
 		record:   r.Replace(qSchemaRecord),
 		version:  r.Replace(qSchemaVersion),
 		upgrade5: r.Replace(qUpgradeFrom5),
@@ -1643,6 +1781,12 @@ func newQueries(prefix string) *queries {
 	q.prepared[sSemTakeWoken] = r.Replace(qSemTakeWoken)
 	q.prepared[sSemShrink] = r.Replace(qSemShrink)
 	q.prepared[sSemAhead] = r.Replace(qSemAhead)
+	q.prepared[sLeaderRecord] = r.Replace(qLeaderRecord)
+	q.prepared[sLeaderProclaim] = r.Replace(qLeaderProclaim)
+	q.prepared[sLeaderRead] = r.Replace(qLeaderRead)
+	q.prepared[sLeaderDelete] = r.Replace(qLeaderDelete)
+	q.prepared[sLeadersEnded] = r.Replace(qLeadersEnded)
+	q.prepared[sLeaderPurge] = r.Replace(qLeaderPurge)
 	return q
 }
 

@@ -167,10 +167,11 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 
 // createQueueRow creates the name's queue row (qQueueCreate), unless it
 // exists, in one transaction with qQueueBind, which binds the name to the
-// queued locks, or with limit not 0 to a Semaphore of that limit (see "One
-// name, one kind" in queries.go). It returns ErrOtherKind when another
-// kind uses the name, ErrLimitMismatch when a Semaphore of another limit
-// does, and creates nothing then.
+// queued locks, or with limit not 0 to a Semaphore of that limit, or, for
+// an Election's queue key, to the Election (see boundAs, and "One name,
+// one kind" in queries.go). It returns ErrOtherKind when another kind
+// uses the name, ErrLimitMismatch when a Semaphore of another limit does,
+// and creates nothing then.
 //
 // The bind does not wait for a transaction that holds the lock row (the
 // no-wait variant, see noWaitSQL): a Mutex may create the row after the
@@ -181,12 +182,12 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 // again after a pause of the session's back-off, never at once; that pause
 // is a wait of the lock call c (see Stats).
 func (s *Session) createQueueRow(ctx context.Context, c *call, name string, limit int64) error {
-	want := kindOfLimit(limit)
 	_, err := s.waitFor(ctx, c, true, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
+			row, want := boundAs(name, limit)
 			kind, err := s.tickets.bindQueueRow(ctx, name, limit)
 			if isErrNo(err, errLockWaitTimeout) {
-				if kind, err = s.tickets.lockKind(ctx, name); err == nil && (kind == kindRowNone || kind == want) {
+				if kind, err = s.tickets.lockKind(ctx, row); err == nil && (kind == kindRowNone || kind == want) {
 					return false, nil // bind again after a pause
 				}
 			}

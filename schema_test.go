@@ -364,7 +364,7 @@ func schemaUpgrade(t *testing.T, version, alters int, drop ...string) {
 		}
 	}
 	execAll(t, db, upgrade...)
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock", "leader"} {
 		u, c := showCreate(t, db, old+table), showCreate(t, db, fresh+table)
 		if strings.ReplaceAll(u, old, fresh) != c {
 			t.Errorf("table %s: the upgrade made\n%s\nNewSession makes\n%s", table, u, c)

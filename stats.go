@@ -105,8 +105,9 @@ type counters struct {
 // Kinds of lock, the values of the "kind" attribute of log records (a name
 // is one kind's: see "One name, one kind" in queries.go).
 const (
-	kindMutex = "mutex" // Mutex
-	kindQueue = "queue" // FairMutex and RWMutex
+	kindMutex    = "mutex"    // Mutex
+	kindQueue    = "queue"    // FairMutex and RWMutex
+	kindElection = "election" // Election
 )
 
 // call is one lock call being counted (see track). The code that waits,

@@ -155,7 +155,55 @@ func (s *sweeper) sweep(every, age time.Duration) (deleted, marked int64) {
 		}
 	}
 	deleted += s.sweepTxLocks(age)
+	deleted += s.sweepLeaders()
 	return deleted, marked
+}
+
+// sweepLeaders deletes up to sweepBatch leader rows (see qCreateLeader)
+// whose lease has ended or is gone, one by one by their key, after a
+// plain read that lists them (qLeadersEnded), and returns how many it
+// deleted. Such a row never counts again (its lease never lives again),
+// so it may go at once, whatever the free-row age. A failure ends it; the
+// next pass tries again.
+func (s *sweeper) sweepLeaders() (deleted int64) {
+	ctx, cancel := context.WithTimeout(s.st.stopped, s.ttl)
+	defer cancel()
+	type leaderRow struct {
+		name   string
+		holder int64
+	}
+	var ended []leaderRow
+	err := s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, s.st.pool, int(sLeadersEnded))
+		if err != nil {
+			return err
+		}
+		rows, err := st.QueryContext(ctx, sweepBatch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r leaderRow
+			if err := rows.Scan(&r.name, &r.holder); err != nil {
+				return err
+			}
+			ended = append(ended, r)
+		}
+		return rows.Err()
+	})
+	for _, r := range ended {
+		if err != nil {
+			break
+		}
+		var n int64
+		n, err = s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
+		deleted += n
+	}
+	if err != nil {
+		s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "leader", "err", err)
+	}
+	return deleted
 }
 
 // sweepTxLocks deletes the transaction-lock rows (see qCreateTxLock) unused

@@ -104,20 +104,20 @@ func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int6
 }
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
-// reads the kind of the name's lock row, and unless another kind uses the
-// name, binds it to the kind of limit (kindRowSemaphore when limit is not
-// 0, else kindRowQueued) and creates the queue row in one transaction. It
-// returns the kind of the row (another kind: nothing was written),
-// ErrLimitMismatch when a semaphore of another limit uses the name, and a
-// lock wait timeout (errLockWaitTimeout) when a transaction holds the lock
-// row.
+// reads the kind of the lock row that the queue row of name binds (see
+// boundAs), and unless another kind uses it, binds it (to a Semaphore of
+// limit when limit is not 0) and creates the queue row in one
+// transaction. It returns the kind of the row (another kind than
+// boundAs's: nothing was written), ErrLimitMismatch when a semaphore of
+// another limit uses the name, and a lock wait timeout
+// (errLockWaitTimeout) when a transaction holds the lock row.
 func (t *tickets) bindQueueRow(ctx context.Context, name string, limit int64) (int, error) {
-	want := kindOfLimit(limit)
+	row, want := boundAs(name, limit)
 	kind := kindRowNone
 	mismatch := false
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
-		if kind, err = t.lockKindOn(ctx, c, name); err != nil || (kind != kindRowNone && kind != want) {
+		if kind, err = t.lockKindOn(ctx, c, row); err != nil || (kind != kindRowNone && kind != want) {
 			return err // without a write, and without waiting for a LockTx that holds the row
 		}
 		if hook := kindReadHook.Load(); hook != nil {
@@ -136,7 +136,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string, limit int64) (i
 			// No retry after a lock wait timeout: createQueueRow decides.
 			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 				return nil, enqueueTx(ctx, c, func() error {
-					res, err := bind.ExecContext(ctx, name, want, limit)
+					res, err := bind.ExecContext(ctx, row, want, limit)
 					var bound int64
 					if err == nil {
 						bound, err = res.LastInsertId()

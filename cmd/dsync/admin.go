@@ -17,7 +17,7 @@ import (
 // lockJSON is one element of the array that ls --json prints.
 type lockJSON struct {
 	Name    string `json:"name"`
-	Kind    string `json:"kind"`    // mutex, write (FairMutex or RWMutex writer), read
+	Kind    string `json:"kind"`    // mutex, write (FairMutex or RWMutex writer), read, leader (Election)
 	Holder  string `json:"holder"`  // the holder's label
 	Session int64  `json:"session"` // the holder's lease id
 	Fence   int64  `json:"fence"`   // 0 for read
@@ -35,7 +35,8 @@ Columns:
   NAME     the lock's name
   KIND     mutex: a Mutex (dsync run without --fair/--read/--write), also a
            Mutex.LockTx hold; write: a FairMutex or an RWMutex writer;
-           read: an RWMutex reader, one row per reading session
+           read: an RWMutex reader, one row per reading session;
+           leader: an Election's leader (FENCE its term)
   HOLDER   the label of the holder's session (--label; default host:pid)
   SESSION  the holder's lease id (DSYNC_SESSION of dsync run's command)
   FENCE    the hold's fencing token (DSYNC_FENCE); 0 for read

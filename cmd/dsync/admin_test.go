@@ -307,8 +307,8 @@ func TestSchemaCommand(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("dsync schema: exit status %d (stderr %q)", r.code, r.stderr)
 	}
-	if n := strings.Count(r.stdout, "CREATE TABLE IF NOT EXISTS"); n != 6 {
-		t.Errorf("dsync schema: got %d CREATE TABLE statements; want 6:\n%s", n, r.stdout)
+	if n := strings.Count(r.stdout, "CREATE TABLE IF NOT EXISTS"); n != 7 {
+		t.Errorf("dsync schema: got %d CREATE TABLE statements; want 7:\n%s", n, r.stdout)
 	}
 	cfg, err := mysql.ParseDSN(dbtest.DSN())
 	if err != nil {
@@ -325,7 +325,7 @@ func TestSchemaCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock"} {
+	for _, table := range []string{"schema", "lease", "lock", "queue", "ticket", "txlock", "leader"} {
 		a, c := showCreate(t, db, applied+table), showCreate(t, db, created+table)
 		if strings.ReplaceAll(a, applied, created) != c {
 			t.Errorf("table %s: dsync schema made\n%s\nNewSession made\n%s", table, a, c)
