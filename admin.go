@@ -175,7 +175,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	locks = appendHolds(locks, line)
 	for i, l := range locks {
 		// An Election's hold is an exclusive ticket under its queue key.
-		if name, kind := boundAs(l.Name, 0); kind == kindRowElection {
+		if name, kind := boundAs(l.Name); kind == kindRowElection {
 			locks[i].Name, locks[i].Kind = name, KindLeader
 		}
 	}

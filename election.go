@@ -45,7 +45,7 @@ type Leader struct {
 // [Election.Campaign] returns [ErrOtherKind], and the other way round.
 // Election names are lock names (see [NewMutex]) of at most 254 bytes.
 type Election struct {
-	q    queued // the election's lock, under its queue key (see electionKey)
+	q    queued // the election's lock, under its queue key (see "Queue keys" in queries.go)
 	name string
 
 	camp chan struct{} // holds a value while a Campaign runs: one at a time
@@ -61,41 +61,11 @@ type Election struct {
 // maxValueLen is the longest value of a leader (the leader table's BLOB).
 const maxValueLen = 65535
 
-// electionKey returns the name of an Election's rows in the queue and
-// ticket tables, its queue key: the name with the byte 0xFF before it,
-// which no lock name has (see "Elections" in queries.go), so that no
-// FairMutex or RWMutex ever takes an Election's rows for its own.
-func electionKey(name string) string { return "\xff" + name }
-
-// boundAs returns the name of the lock row that the queue row of key binds
-// and the kind it binds it to: an Election's name and kindRowElection for
-// an Election's queue key, else key itself and the kind of limit (see
-// kindOfLimit).
-func boundAs(key string, limit int64) (string, int) {
-	if name, ok := strings.CutPrefix(key, "\xff"); ok {
-		return name, kindRowElection
-	}
-	return key, kindOfLimit(limit)
-}
-
-// validElectionName reports whether name can be an election name: a lock
-// name whose queue key (see electionKey) fits the tables' 255 bytes.
-func validElectionName(name string) error {
-	if err := validName(name); err != nil || len(name) <= 254 {
-		return err
-	}
-	return fmt.Errorf("%w: %q (an election name has at most 254 bytes)", ErrInvalidName, name)
-}
-
 // NewElection returns the election called name in s's lock space. With an
 // invalid name every method returns [ErrInvalidName] (Observe a closed
 // channel). NewElection panics if s is nil.
 func NewElection(s *Session, name string) *Election {
-	if s == nil {
-		panic("dsync: NewElection with nil Session")
-	}
-	return &Election{q: queued{s: s, name: electionKey(name), err: validElectionName(name)}, name: name,
-		camp: make(chan struct{}, 1)}
+	return &Election{q: newQueued(s, kindRowElection, name, "Election"), name: name, camp: make(chan struct{}, 1)}
 }
 
 // Name returns the election's name.
@@ -473,7 +443,7 @@ func (e *Election) precheck(ctx context.Context, g *Session, op string) error {
 // election's operation op: the lock's errors name its queue key.
 func (e *Election) rename(err error, op string) error {
 	var oe *opError
-	if errors.As(err, &oe) && strings.Contains(oe.op, fmt.Sprintf("%q", e.q.name)) {
+	if errors.As(err, &oe) && strings.Contains(oe.op, fmt.Sprintf("%q", e.name)) {
 		return opErrorf(oe.err, "%s %q", op, e.name)
 	}
 	return err

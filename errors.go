@@ -38,7 +38,7 @@ var (
 	ErrSessionClosed = errors.New("dsync: session closed")
 
 	// ErrInvalidName is returned for a lock name that is empty, longer than
-	// 255 bytes (254 for an [Election]) or not valid UTF-8.
+	// 255 bytes (254 for an [Election] or a [Semaphore]) or not valid UTF-8.
 	ErrInvalidName = errors.New("dsync: invalid lock name")
 
 	// ErrInvalidOption is returned by [NewSession] for a bad option value or
@@ -68,8 +68,9 @@ var (
 	// the error names the statements (for each version, three ALTER TABLE
 	// ... ADD COLUMN and an UPDATE of the version), which an operator runs
 	// once; processes of the old version keep working on them (those of
-	// version 5 show a wrong age in ListLocks, and neither may share a name
-	// with a Semaphore). Else, to move to this version, stop every process of the old
+	// version 5 show a wrong age in ListLocks; on the name of a Semaphore
+	// or an Election their Mutex returns the server's error 1690 and their
+	// FairMutex and RWMutex ErrOtherKind). Else, to move to this version, stop every process of the old
 	// one, drop the tables of the prefix (schema, lease, lock, queue, ticket
 	// and, if present, txlock and leader), and start the new processes, which create them
 	// again; fences of the new rows start at the database's clock in

@@ -61,11 +61,11 @@ type FairMutex struct {
 // Names follow the rules of [NewMutex]; with an invalid one every method
 // returns [ErrInvalidName]. NewFairMutex panics if s is nil.
 func NewFairMutex(s *Session, name string) *FairMutex {
-	return &FairMutex{q: newQueued(s, name, "FairMutex")}
+	return &FairMutex{q: newQueued(s, kindRowQueued, name, "FairMutex")}
 }
 
 // Name returns the lock's name.
-func (m *FairMutex) Name() string { return m.q.name }
+func (m *FairMutex) Name() string { return m.q.lockName }
 
 // Fence returns the fencing token of this process's current hold of the
 // lock, or 0 when it does not hold it. Fences of a name are strictly

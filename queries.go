@@ -81,8 +81,8 @@ const (
 	//
 	// kind binds the name to one kind of lock while the row exists (see
 	// "One name, one kind" below): 0 (kindRowMutex) a Mutex's, 1
-	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), 3
-	// (kindRowSemaphore) a Semaphore's, 4 (kindRowElection) an Election's;
+	// (kindRowQueued) the queued locks' (FairMutex, RWMutex), 4
+	// (kindRowElection) an Election's, 5 (kindRowSemaphore) a Semaphore's;
 	// the row of the last three is never held (holder stays 0) and its
 	// fence only counts the creations of the name's queue row. permits is
 	// a Semaphore's limit, written by the statement that binds the name
@@ -130,12 +130,11 @@ const (
 	// same statement. ListLocks reports the exclusive holder's age from it.
 	//
 	// permits is the limit of a Semaphore's line (copied from the lock
-	// row's, see qQueueBind), 0 for a FairMutex's or RWMutex's: every
-	// enqueue and take of the head slot names the permits it expects
-	// (qTicketInsert, qTicketNumber and qQueueTake 0, the semaphore's
-	// statements its limit), so a line of another kind, or a semaphore
-	// of another limit, reads as a missing row, and its creation
-	// (createQueueRow) reports the difference.
+	// row's, see qQueueBind), 0 for the other kinds' lines, which are
+	// under other queue keys (see "Queue keys"): every statement of a
+	// semaphore's line names the limit it expects, so a semaphore of
+	// another limit reads the row as missing, and its creation
+	// (createQueueRow) reports the difference (ErrLimitMismatch).
 	qCreateQueue = `CREATE TABLE IF NOT EXISTS {queue} (
   name       VARBINARY(255) NOT NULL PRIMARY KEY,
   seq        BIGINT         NOT NULL DEFAULT 0,
@@ -251,9 +250,11 @@ UPDATE {schema} SET version = 6 WHERE id = 1 AND version = 5;`
 // (lock.permits, queue.permits, ticket.weight), as qCreateLock, qCreateQueue
 // and qCreateTicket have them, and the version record. Their defaults (0)
 // are what the rows of the other kinds have, so the rows in use stay as
-// they are. Processes of version 6 work on the upgraded tables, but must
-// not share a name with a Semaphore: their statements do not read
-// permits, and would take a semaphore's line for a FairMutex's.
+// they are. Processes of version 6 work on the upgraded tables, and never
+// take a Semaphore's name: their Mutex gets error 1690 on its lock row
+// (kind 5), their FairMutex and RWMutex find no line of the name (a
+// Semaphore's is under its queue key, see "Queue keys") and are refused
+// by their bind (TestOldLocksNeverTakeASemaphoreName).
 const qUpgradeFrom6 = `SET SESSION lock_wait_timeout = 5;
 ALTER TABLE {lock} ADD COLUMN permits BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE {queue} ADD COLUMN permits BIGINT NOT NULL DEFAULT 0;
@@ -726,8 +727,7 @@ const (
 	// qTicketReleaseRing), as the plain insert failed with 1062 before the
 	// marker joined it. Locks are taken in the order of the other
 	// statements that take both: the per-name row, then tickets. More
-	// args: name, mode. The marker's insert sets no LastInsertId. A
-	// semaphore's row (permits not 0) reads as missing.
+	// args: name, mode. The marker's insert sets no LastInsertId.
 	qTicketInsert = ticketInsertSQL + `(` + ticketNumberedSQL + `)
 UNION ALL
 (SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, '1970-01-01 00:00:00' FROM {ticket} t
@@ -773,7 +773,7 @@ ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
 	ticketInsertSQL   = "INSERT INTO {ticket} (name, seq, holder, token, mode, held_since)\n"
 	ticketNumberedSQL = `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2, ?, ?, ?, UTC_TIMESTAMP(6)
-FROM {queue} q WHERE q.name = ? AND q.permits = 0 FOR UPDATE`
+FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketNumber and qTicketAdd enqueue a waiter on a Galera cluster, in
 	// one transaction. Row locks are local to a node there, so the order
@@ -802,7 +802,7 @@ FROM {queue} q WHERE q.name = ? AND q.permits = 0 FOR UPDATE`
 	// the lock with it (TestClusterEnqueueSeesTicketCommittedWhileWaiting).
 	qTicketNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (` + ticketNumberQueue + `)
   + IF(` + ticketConflictQueue + `, 1, 0)) DIV 2
-WHERE name = ? AND permits = 0`
+WHERE name = ?`
 	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
 
 	// qSemNumber is qTicketNumber for a Semaphore's ticket, with the rule
@@ -874,8 +874,6 @@ WHERE name = ? AND permits = ?`
 	// (single server) or writes the row (cluster) until it commits, so a
 	// ticket it does not see is numbered after the take and waits for it.
 	// A slot held by this session itself counts as held (see qLockAcquire).
-	// A semaphore's row (permits not 0) reads as missing: semaphores have
-	// no head slot.
 	qQueueTake = `UPDATE {queue} SET
   holder = IF(NOT ` + slotHeldQueue + `
               AND NOT EXISTS (SELECT 1 FROM {ticket} t JOIN {lease} l ON l.id = t.holder
@@ -885,7 +883,7 @@ WHERE name = ? AND permits = ?`
   token = IF(holder < 0, ?, token),
   held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),
   holder = IF(holder < 0, ?, holder)
-WHERE name = ? AND permits = 0`
+WHERE name = ?`
 
 	// qQueueRelease frees the head slot if, and only if, this acquisition
 	// still holds it. Idempotent, so it also undoes a take whose outcome is
@@ -1181,13 +1179,14 @@ const (
 // One name, one kind. A name is one lock whatever kind of lock uses it:
 // the name's row in the lock table binds it to one kind while the row
 // exists (kind: 0 Mutex, including Mutex.LockTx; 1 the queued locks,
-// FairMutex and RWMutex, which share one lock space; 3 Semaphore, whose
-// line is the queued locks' machinery with the queue row's permits not
-// 0; 4 Election, see "Elections" below), and the other kinds get
-// ErrOtherKind. A Semaphore binds like a queued lock (qQueueBind, with
-// kind 3 and its limit), and the queued statements tell the two lines
-// apart by the queue row's permits (see qCreateQueue), without reading
-// the lock row. Every row of either kind is created through a write
+// FairMutex and RWMutex, which share one lock space; 4 Election, see
+// "Elections" below; 5 Semaphore, whose line is the queued locks'
+// machinery with a weight per ticket), and the other kinds get
+// ErrOtherKind. An Election and a Semaphore bind like a queued lock
+// (qQueueBind, with their kind, and a Semaphore with its limit), and keep
+// their queue rows and tickets under queue keys of their own (see "Queue
+// keys"), so that no statement of the queued locks, which do not read the
+// lock row, ever meets them. Every row of either kind is created through a write
 // of that one row, so two sessions racing with different kinds on a name
 // meet on its primary key, on a single server (the row lock) and on a
 // Galera cluster (certification: the loser's transaction is rolled back,
@@ -1199,7 +1198,8 @@ const (
 //     transaction with qQueueBind, which writes the lock row: inserts it
 //     with kind 1, or adds one to the fence of a kind-1 row; a kind-0 row
 //     (or any other kind's) it leaves unchanged and reports. An Election
-//     binds with kind 4, and creates the queue row of its queue key. Before that it reads the row
+//     or a Semaphore binds with its kind, and creates the queue row of
+//     its queue key. Before that it reads the row
 //     (qLockKind), so that a Mutex's name fails without a write, and
 //     without waiting for a transaction that holds the row (LockTx). A
 //     Mutex may create the row after that read and hand it to a
@@ -1249,27 +1249,27 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = VALUES(kind) AND permits = VALUES(perm
 // Elections (see election.go). An Election of name N is a queued lock,
 // whose exclusive hold is the leadership and whose fence is the term, kept
 // in the queue and ticket tables under its queue key: N with the byte 0xFF
-// before it (electionKey; queueKeySQL), which no lock name has (names are
-// UTF-8, where 0xFF never occurs), so that no FairMutex or RWMutex, of
-// this version or an older one, ever reads or takes an Election's rows:
-// their statements do not read the lock row's kind once the queue row
-// exists. N itself is bound to the Election in the lock table, kind 4
+// before it (see "Queue keys"), so that no FairMutex or RWMutex, of this
+// version or an older one, ever reads or takes an Election's rows: their
+// statements do not read the lock row's kind once the queue row exists. N itself is bound to the Election in the lock table, kind 4
 // (qQueueBind, see "One name, one kind"), so that a Mutex, FairMutex
 // or RWMutex of the name gets ErrOtherKind, and an Election of a name
-// they use gets it too. Why 4 and not 2: the Mutex statement of schema
-// version 6 before Elections (qLockAcquire) answered LAST_INSERT_ID(kind
-// * otherKind) for a row of another kind, and only 1 * otherKind was its
-// refusal; with 2 or 3 it answered a positive number, which that code
+// they use gets it too. Why 4 and not 2 (and 5, not 3, for a Semaphore,
+// which has the same hazards): the Mutex statement of schema version 6
+// (qLockAcquire) answered LAST_INSERT_ID(kind * otherKind) for a row of
+// another kind, and only 1 * otherKind was its refusal; with 2 or 3 it answered a positive number, which that code
 // took for a fence: a Mutex held without a row. From 4 on the product
 // overflows a BIGINT, and that code gets error 1690 instead (not
 // retried: its Lock returns it), so a process of that version never
 // takes an Election's name for its own. Its FairMutex and RWMutex refuse
 // the name at their bind (qQueueBind answers otherKind for any kind but
-// 1). Its sweep treats the lock row of kind 4 as free while the name has
-// no queue row of its own (an Election's are under the queue key), and
-// may delete it: then, with processes of both versions at work, another
-// kind may bind the name while an Election runs under its queue key; the
-// two never share a row, so neither's guarantees depend on it. Its value is in the leader table (qCreateLeader),
+// 1). Its sweep treats the lock row of kind 4 or 5 as free while the name
+// has no queue row of its own (an Election's and a Semaphore's are under
+// their queue keys), and may delete it: then, with processes of both
+// versions at work, another kind may bind the name while an Election or
+// Semaphore runs under its queue key; the two never share a row, so
+// neither's guarantees depend on it (a Semaphore's limit stays checked
+// by its queue row's permits). Its value is in the leader table (qCreateLeader),
 // written by the leader only while it holds (qLeaderRecord,
 // qLeaderProclaim) and read together with the hold in one statement
 // (qLeaderRead).
@@ -1368,18 +1368,53 @@ WHERE l.id IS NULL LIMIT ?`
 	qLeaderPurge = `DELETE FROM {leader} WHERE name = ? AND holder = ?`
 )
 
-// queueKeySQL is the name of the rows in the queue and ticket tables of a
-// lock table row: its name, or for an Election (kind 4) its queue key
-// (see electionKey). It is spliced into statements on the lock table.
-const queueKeySQL = `IF({lock}.kind = 4, CONCAT(X'FF', {lock}.name), {lock}.name)`
+// Queue keys. The queue and ticket rows of a name are kept under its
+// queue key: the name itself for the queued locks (kind 1), and for every
+// kind from firstKeyedKind on (Election, Semaphore) the name with one
+// byte before it, 0xFF for kind 4, 0xFE for kind 5, and so on down
+// (keyPrefixBase - kind). No lock name has such a byte (names are UTF-8,
+// where the bytes 0xF5 to 0xFF never occur), so no statement of another
+// kind, of this version or an older one, ever reads or takes those rows:
+// the queued locks' statements find a name's queue row by its key alone,
+// without reading the lock row's kind (see "One name, one kind"). Hence
+// a name of a keyed kind has at most 254 bytes. queueKey, boundAs and
+// queueKeySQL are the one place that maps kinds to keys.
+const (
+	firstKeyedKind = kindRowElection
+	keyPrefixBase  = 0xFF + firstKeyedKind // the prefix byte is keyPrefixBase - kind
+)
+
+// queueKeySQL is the queue key of a lock table row (see "Queue keys"),
+// spliced into statements on the lock table. CHAR of one number is a
+// binary string of that byte.
+const queueKeySQL = `IF({lock}.kind >= 4, CONCAT(CHAR(259 - {lock}.kind), {lock}.name), {lock}.name)`
+
+// queueKey returns the queue key of the name of a lock of kind (see
+// "Queue keys").
+func queueKey(kind int, name string) string {
+	if kind < firstKeyedKind {
+		return name
+	}
+	return string([]byte{byte(keyPrefixBase - kind)}) + name
+}
+
+// boundAs returns the name of the lock row that the queue row of key binds
+// and the kind it binds it to (see "Queue keys"): the inverse of queueKey.
+func boundAs(key string) (string, int) {
+	if key != "" && key[0] > keyPrefixBase-kindRowMax-1 {
+		return key[1:], keyPrefixBase - int(key[0])
+	}
+	return key, kindRowQueued
+}
 
 // Kinds of a lock row (the kind column).
 const (
 	kindRowNone      = -1 // no row: the name is unbound (not a value of the column)
 	kindRowMutex     = 0  // Mutex
 	kindRowQueued    = 1  // FairMutex, RWMutex
-	kindRowSemaphore = 3  // Semaphore
 	kindRowElection  = 4  // Election (not 2 or 3: see "Elections" above)
+	kindRowSemaphore = 5  // Semaphore (not 2 or 3 either)
+	kindRowMax       = 5  // the highest kind
 )
 
 // otherKind plus the kind of the name's row is the answer of qLockAcquire
@@ -1528,8 +1563,8 @@ WHERE name > ? AND name <= ? AND ` + queueMarkable
 // ready.
 //
 // A row of the queued locks (kind 1, see "One name, one kind"), or of an
-// Election (kind 4, whose queue rows and tickets are under its queue key,
-// queueKeySQL), is free only when its name has no queue row and no ticket: its queue row goes
+// Election or a Semaphore (kinds 4 and 5, whose queue rows and tickets are
+// under their queue keys, queueKeySQL), is free only when its name has no queue row and no ticket: its queue row goes
 // first (the queue table's sweep, the age after that row was found
 // free), then the next pass marks the lock row, and a pass the age later
 // deletes it, unless a queue row was created meanwhile (qQueueBind adds one

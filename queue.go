@@ -31,15 +31,6 @@ type want struct {
 	limit  int64 // the semaphore's limit; modeWeighted only, else 0
 }
 
-// kindOfLimit is the kind of lock row (see "One name, one kind") of a line
-// whose want has limit: a Semaphore's when it is not 0.
-func kindOfLimit(limit int64) int {
-	if limit != 0 {
-		return kindRowSemaphore
-	}
-	return kindRowQueued
-}
-
 // headSlot is the ticket number that stands for a hold in the head slot
 // (see qCreateQueue, qQueueTake) in a localQueue's ticket, a waiter's and an
 // orphan's seq; ticket numbers are positive.
@@ -166,12 +157,11 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 }
 
 // createQueueRow creates the name's queue row (qQueueCreate), unless it
-// exists, in one transaction with qQueueBind, which binds the name to the
-// queued locks, or with limit not 0 to a Semaphore of that limit, or, for
-// an Election's queue key, to the Election (see boundAs, and "One name,
-// one kind" in queries.go). It returns ErrOtherKind when another kind
-// uses the name, ErrLimitMismatch when a Semaphore of another limit does,
-// and creates nothing then.
+// exists, in one transaction with qQueueBind, which binds the lock name of
+// the queue key name to its kind (see boundAs), with limit (a Semaphore's,
+// else 0; see "One name, one kind" in queries.go). It returns ErrOtherKind
+// when another kind uses the name, ErrLimitMismatch when a Semaphore of
+// another limit does, and creates nothing then.
 //
 // The bind does not wait for a transaction that holds the lock row (the
 // no-wait variant, see noWaitSQL): a Mutex may create the row after the
@@ -184,7 +174,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 func (s *Session) createQueueRow(ctx context.Context, c *call, name string, limit int64) error {
 	_, err := s.waitFor(ctx, c, true, &waitPolicy{
 		try: func(ctx context.Context, _ *waitState) (bool, error) {
-			row, want := boundAs(name, limit)
+			row, want := boundAs(name)
 			kind, err := s.tickets.bindQueueRow(ctx, name, limit)
 			if isErrNo(err, errLockWaitTimeout) {
 				if kind, err = s.tickets.lockKind(ctx, row); err == nil && (kind == kindRowNone || kind == want) {
@@ -346,19 +336,26 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 	return nil, 0, err
 }
 
-// queued is what FairMutex and RWMutex have in common: a name of a
-// session's queued locks.
+// queued is what FairMutex, RWMutex, Semaphore and Election have in
+// common: a line of a session's queued locks.
 type queued struct {
-	s    *Session // the Session the lock was made with; see on
-	name string
-	err  error // the name's validation error
+	s        *Session // the Session the lock was made with; see on
+	name     string   // the line's queue key (see "Queue keys" in queries.go)
+	lockName string   // the lock's name, as its errors say it
+	err      error    // the name's validation error
 }
 
-func newQueued(s *Session, name, kind string) queued {
+// newQueued returns the line of the lock called name of kind, whose type
+// is typ. It panics if s is nil.
+func newQueued(s *Session, kind int, name, typ string) queued {
 	if s == nil {
-		panic("dsync: New" + kind + " with nil Session")
+		panic("dsync: New" + typ + " with nil Session")
 	}
-	return queued{s: s, name: name, err: validName(name)}
+	valid := validName
+	if kind >= firstKeyedKind {
+		valid = validKeyedName
+	}
+	return queued{s: s, name: queueKey(kind, name), lockName: name, err: valid(name)}
 }
 
 // on returns q on the lease g of its session (see succession.go): q itself
@@ -367,7 +364,7 @@ func (q *queued) on(g *Session) *queued {
 	if g == q.s {
 		return q
 	}
-	return &queued{s: g, name: q.name, err: q.err}
+	return &queued{s: g, name: q.name, lockName: q.lockName, err: q.err}
 }
 
 // precheck returns the error that stops a call before it starts.
@@ -379,7 +376,7 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return opErrorf(err, "%s %q", op, q.name)
+		return opErrorf(err, "%s %q", op, q.lockName)
 	}
 	return nil
 }
@@ -388,7 +385,7 @@ func (q *queued) precheck(ctx context.Context, op string) error {
 // current lease, and again on a new one where a lost lease is replaced
 // (see Session.withLease).
 func (q *queued) lock(ctx context.Context, wait bool) (bool, error) {
-	c := q.s.track(kindQueue, "lock", q.name, wait)
+	c := q.s.track(kindQueue, "lock", q.lockName, wait)
 	return q.s.withLease(ctx, c, func(g *Session) (bool, error) { return q.on(g).lockOn(ctx, c, wait) })
 }
 
@@ -407,7 +404,7 @@ func (q *queued) lockOn(ctx context.Context, c *call, wait bool) (bool, error) {
 	case owner != 0 && lq.rOwners[owner] > 0:
 		lq.mu.Unlock()
 		q.s.queues.unref(q.name)
-		return false, opErrorf(ErrLockUpgrade, "lock %q", q.name)
+		return false, opErrorf(ErrLockUpgrade, "lock %q", q.lockName)
 	case !wait && (lq.held || len(lq.reads) > 0 || len(lq.line) > 0):
 		lq.mu.Unlock()
 		q.s.queues.unref(q.name)
@@ -466,7 +463,7 @@ func (q *queued) unlockOn(ctx context.Context) error {
 	case errors.Is(err, ErrNotHeld):
 		return q.notHeld("unlock")
 	case err != nil:
-		return opErrorf(err, "unlock %q", q.name)
+		return opErrorf(err, "unlock %q", q.lockName)
 	case token == 0:
 		return nil // holds of the owner remain
 	}
@@ -477,7 +474,7 @@ func (q *queued) unlockOn(ctx context.Context) error {
 func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
 	if err := q.s.leaseErr(); err != nil {
-		return opErrorf(err, "%s %q", op, q.name)
+		return opErrorf(err, "%s %q", op, q.lockName)
 	}
 	// Remove the ticket, or free the head slot (ticket headSlot), which
 	// rings the doorbell when a waiter waits for it; if that fails (ctx
@@ -490,10 +487,10 @@ func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int6
 	}
 	lq.kickFront()
 	if err != nil && q.s.leaseErr() != nil {
-		return opErrorf(q.s.leaseErr(), "%s %q", op, q.name) // the lock ends with the lease
+		return opErrorf(q.s.leaseErr(), "%s %q", op, q.lockName) // the lock ends with the lease
 	}
 	if err != nil {
-		return opErrorf(err, "%s %q (the session retries in the background)", op, q.name)
+		return opErrorf(err, "%s %q (the session retries in the background)", op, q.lockName)
 	}
 	return nil
 }
@@ -516,16 +513,16 @@ func (q *queued) fenceOn() int64 {
 
 func (q *queued) notHeld(op string) error {
 	if err := q.s.leaseErr(); err != nil {
-		return opErrorf(err, "%s %q", op, q.name)
+		return opErrorf(err, "%s %q", op, q.lockName)
 	}
-	return opErrorf(ErrNotHeld, "%s %q", op, q.name)
+	return opErrorf(ErrNotHeld, "%s %q", op, q.lockName)
 }
 
 func (q *queued) wrap(op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return opErrorf(err, "%s %q", op, q.name)
+	return opErrorf(err, "%s %q", op, q.lockName)
 }
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to

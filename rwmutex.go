@@ -40,11 +40,11 @@ type RWMutex struct {
 // with an invalid one every method returns [ErrInvalidName]. NewRWMutex
 // panics if s is nil.
 func NewRWMutex(s *Session, name string) *RWMutex {
-	return &RWMutex{q: newQueued(s, name, "RWMutex")}
+	return &RWMutex{q: newQueued(s, kindRowQueued, name, "RWMutex")}
 }
 
 // Name returns the lock's name.
-func (rw *RWMutex) Name() string { return rw.q.name }
+func (rw *RWMutex) Name() string { return rw.q.lockName }
 
 // Fence returns the fencing token of this process's current write hold, or
 // 0 when it holds none. Read holds have no fence.
@@ -97,7 +97,7 @@ func (rw *RWMutex) RUnlock(ctx context.Context) error {
 // rlock takes a read hold, on the current lease, and again on a new one
 // where a lost lease is replaced (see Session.withLease).
 func (q *queued) rlock(ctx context.Context, wait bool) (bool, error) {
-	c := q.s.track(kindQueue, "rlock", q.name, wait)
+	c := q.s.track(kindQueue, "rlock", q.lockName, wait)
 	return q.s.withLease(ctx, c, func(g *Session) (bool, error) { return q.on(g).rlockOn(ctx, c, wait) })
 }
 
@@ -113,7 +113,7 @@ func (q *queued) rlockOn(ctx context.Context, c *call, wait bool) (bool, error) 
 	lq.mu.Unlock()
 	if writing {
 		q.s.queues.unref(q.name)
-		return false, opErrorf(ErrLockDowngrade, "rlock %q", q.name)
+		return false, opErrorf(ErrLockDowngrade, "rlock %q", q.lockName)
 	}
 	joined, err := q.joinRead(ctx, lq, owner)
 	if err != nil || joined {
@@ -204,7 +204,7 @@ func (q *queued) runlockOn(ctx context.Context) error {
 		q.countReader(lq, 0, -1)
 	case len(lq.rOwners) > 0:
 		lq.mu.Unlock()
-		return opErrorf(ErrNotOwner, "runlock %q", q.name)
+		return opErrorf(ErrNotOwner, "runlock %q", q.lockName)
 	default:
 		lq.mu.Unlock()
 		return q.notHeld("runlock")

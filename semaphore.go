@@ -77,11 +77,12 @@ type Semaphore struct {
 }
 
 // NewSemaphore returns the semaphore called name, with limit permits, in
-// s's lock space. Names follow the rules of [NewMutex]; with an invalid
-// one every method returns [ErrInvalidName], and with a limit of 0 or
-// less [ErrInvalidLimit]. NewSemaphore panics if s is nil.
+// s's lock space. Names follow the rules of [NewMutex], with at most 254
+// bytes; with an invalid one every method returns [ErrInvalidName], and
+// with a limit of 0 or less [ErrInvalidLimit]. NewSemaphore panics if s
+// is nil.
 func NewSemaphore(s *Session, name string, limit int64) *Semaphore {
-	m := &Semaphore{q: newQueued(s, name, "Semaphore"), limit: limit}
+	m := &Semaphore{q: newQueued(s, kindRowSemaphore, name, "Semaphore"), limit: limit}
 	if m.q.err == nil && limit <= 0 {
 		m.q.err = fmt.Errorf("%w: %d for %q (want 1 or more)", ErrInvalidLimit, limit, name)
 	}
@@ -89,7 +90,7 @@ func NewSemaphore(s *Session, name string, limit int64) *Semaphore {
 }
 
 // Name returns the semaphore's name.
-func (m *Semaphore) Name() string { return m.q.name }
+func (m *Semaphore) Name() string { return m.q.lockName }
 
 // Limit returns the limit the semaphore was made with.
 func (m *Semaphore) Limit() int64 { return m.limit }
@@ -141,7 +142,7 @@ func (m *Semaphore) TryAcquireFence(ctx context.Context, n int64) (int64, error)
 func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	q := m.q.on(m.q.s.current())
 	if err := m.check(n, false); err != nil {
-		return opErrorf(err, "release %q", q.name)
+		return opErrorf(err, "release %q", q.lockName)
 	}
 	lq := q.s.queues.lookup(q.name)
 	if lq == nil {
@@ -188,9 +189,9 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 // exceeds is Release's error when the session holds only held permits.
 func (m *Semaphore) exceeds(q *queued, n, held int64) error {
 	if err := q.s.leaseErr(); err != nil {
-		return opErrorf(err, "release %q", q.name)
+		return opErrorf(err, "release %q", q.lockName)
 	}
-	return opErrorf(ErrReleaseExceedsHeld, "release %d permits of %q (%d held)", n, q.name, held)
+	return opErrorf(ErrReleaseExceedsHeld, "release %d permits of %q (%d held)", n, q.lockName, held)
 }
 
 // check returns the error of a call for n permits before it starts: the
@@ -213,9 +214,9 @@ func (m *Semaphore) acquire(ctx context.Context, n int64, wait bool) (int64, err
 		if m.q.err == err {
 			return 0, err
 		}
-		return 0, opErrorf(err, "acquire %q", m.q.name)
+		return 0, opErrorf(err, "acquire %q", m.q.lockName)
 	}
-	c := m.q.s.track(kindQueue, "acquire", m.q.name, wait)
+	c := m.q.s.track(kindQueue, "acquire", m.q.lockName, wait)
 	var fence int64
 	_, err := m.q.s.withLease(ctx, c, func(g *Session) (bool, error) {
 		var err error
@@ -262,10 +263,10 @@ type permitHold struct {
 // may fit now.
 func (q *queued) shrink(ctx context.Context, lq *localQueue, h *permitHold, weight int64) error {
 	if err := q.s.leaseErr(); err != nil {
-		return opErrorf(err, "release %q", q.name)
+		return opErrorf(err, "release %q", q.lockName)
 	}
 	if _, err := q.s.store.exec(ctx, sSemShrink, weight, q.name, q.s.id, h.token, weight); err != nil {
-		return opErrorf(err, "release %q", q.name)
+		return opErrorf(err, "release %q", q.lockName)
 	}
 	q.s.bell.ring()
 	lq.kickFront()

@@ -8,12 +8,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
 )
 
-// semTickets counts the live tickets (not markers) of name.
+// semTickets counts the live tickets (not markers) of a queue key.
 const semTickets = `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder <> 0`
+
+// semaphoreKey is the name of a Semaphore's rows in the queue and ticket
+// tables, its queue key (see "Queue keys" in queries.go).
+func semaphoreKey(name string) string { return "\xfe" + name }
 
 // acquireAsync runs m.Acquire(ctx, n) in a goroutine, which sends its
 // error, and returns once the name has tickets live tickets (m's
@@ -22,7 +28,7 @@ func acquireAsync(ctx context.Context, t *testing.T, m *dsync.Semaphore, n int64
 	t.Helper()
 	got := make(chan error, 1)
 	go func() { got <- m.Acquire(ctx, n) }()
-	waitRows(t, dbtest.Open(t), 10*time.Second, tickets, semTickets, m.Name())
+	waitRows(t, dbtest.Open(t), 10*time.Second, tickets, semTickets, semaphoreKey(m.Name()))
 	return got
 }
 
@@ -194,7 +200,7 @@ func TestSemaphoreNoBarging(t *testing.T) {
 			order <- i
 			m.Release(ctx, 1)
 		}()
-		waitRows(t, db, 10*time.Second, i+2, semTickets, name) // queued before the next one starts
+		waitRows(t, db, 10*time.Second, i+2, semTickets, semaphoreKey(name)) // queued before the next one starts
 	}
 	if err := first.Release(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -227,7 +233,7 @@ func TestSemaphoreTryAcquire(t *testing.T) {
 	if ok, err := b.TryAcquire(ctx, 1); ok || err != nil {
 		t.Fatalf("TryAcquire(1) with every permit held: got %v, %v; want false, nil", ok, err)
 	}
-	if got := countRows(t, db, semTickets, name); got != 1 {
+	if got := countRows(t, db, semTickets, semaphoreKey(name)); got != 1 {
 		t.Fatalf("tickets after a failed TryAcquire: got %d; want 1 (the holder's)", got)
 	}
 	if err := a.Release(ctx, 1); err != nil {
@@ -272,7 +278,7 @@ func TestSemaphorePartialRelease(t *testing.T) {
 	if err := b.Release(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitRows(t, db, 10*time.Second, 0, semTickets, name)
+	waitRows(t, db, 10*time.Second, 0, semTickets, semaphoreKey(name))
 }
 
 // TestSemaphoreMisuse: bad names, limits and counts get their sentinel
@@ -340,7 +346,7 @@ func TestSemaphoreCancelledAcquireLeavesNoTicket(t *testing.T) {
 	if err := await(t, got, 5*time.Second, "cancelled Acquire"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: got %v; want context.Canceled", err)
 	}
-	waitRows(t, db, 5*time.Second, 0, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, name, bs.ID())
+	waitRows(t, db, 5*time.Second, 0, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?`, semaphoreKey(name), bs.ID())
 	if err := a.Release(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -373,13 +379,13 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	}
 	// The queue row gone (as the clean-up deletes it), the lock row keeps
 	// the limit.
-	if _, err := db.Exec(`DELETE FROM dsync_queue WHERE name = ?`, name); err != nil {
+	if _, err := db.Exec(`DELETE FROM dsync_queue WHERE name = ?`, semaphoreKey(name)); err != nil {
 		t.Fatal(err)
 	}
 	if err := three.Acquire(ctx, 1); !errors.Is(err, dsync.ErrLimitMismatch) {
 		t.Fatalf("Acquire of limit 3 creating the line of a name of limit 2: got %v; want ErrLimitMismatch", err)
 	}
-	if got := countRows(t, db, semTickets, name); got != 0 {
+	if got := countRows(t, db, semTickets, semaphoreKey(name)); got != 0 {
 		t.Fatalf("tickets after the refused calls: got %d; want 0", got)
 	}
 	if err := two.Acquire(ctx, 2); err != nil {
@@ -424,6 +430,18 @@ func TestSemaphoreOtherKind(t *testing.T) {
 		if err := c.call(); !errors.Is(err, dsync.ErrOtherKind) {
 			t.Errorf("%s on a Semaphore's name: got %v; want ErrOtherKind", c.what, err)
 		}
+	}
+
+	// The same from the session whose Semaphore holds and waits: its
+	// local line of the Semaphore is not the FairMutex's.
+	waitCtx, cancel := context.WithCancel(ctx)
+	waiting := acquireAsync(waitCtx, t, dsync.NewSemaphore(s, sem, 2), 2, 2)
+	if ok, err := dsync.NewFairMutex(s, sem).TryLock(ctx); !errors.Is(err, dsync.ErrOtherKind) {
+		t.Errorf("FairMutex.TryLock on a Semaphore's name, by its session while it waits: got %v, %v; want ErrOtherKind", ok, err)
+	}
+	cancel()
+	if err := await(t, waiting, 10*time.Second, "the cancelled Acquire"); !errors.Is(err, context.Canceled) {
+		t.Errorf("the cancelled Acquire: got %v; want context.Canceled", err)
 	}
 }
 
@@ -512,7 +530,7 @@ func releaseWakes(t *testing.T, which int, limit time.Duration) {
 			t.Fatal(err)
 		}
 		holders = append(holders, m)
-		waitRows(t, db, 10*time.Second, i+1, semTickets, name)
+		waitRows(t, db, 10*time.Second, i+1, semTickets, semaphoreKey(name))
 	}
 	waiter := dsync.NewSemaphore(newSession(t), name, 2)
 	got := acquireAsync(ctx, t, waiter, 1, 3)
@@ -546,5 +564,110 @@ func TestSemaphoreUncontendedStatements(t *testing.T) {
 	const n = 20
 	if fewest := fewestStatements(t, db, n, cycle, 3*n); fewest != 3*n {
 		t.Errorf("statements for %d uncontended Acquire+Release: got %d; want %d", n, fewest, 3*n)
+	}
+}
+
+// The FairMutex statements of schema version 6 (before Semaphores), which
+// a process of that version still runs on tables upgraded in place (see
+// ErrSchemaVersion): the take of the head slot (args: -lease id, token,
+// lease id, name), the enqueue without a marker (args: mode, lease id,
+// token, mode, name) and the bind of a name to the queued locks (args:
+// name).
+const (
+	oldQueueTake = "UPDATE dsync_queue SET\n" +
+		"  holder = IF(NOT EXISTS (SELECT 1 FROM dsync_lease hl WHERE hl.id = dsync_queue.holder AND hl.expires_at > UTC_TIMESTAMP(6))\n" +
+		"              AND NOT EXISTS (SELECT 1 FROM dsync_ticket t JOIN dsync_lease l ON l.id = t.holder\n" +
+		"                              WHERE t.name = dsync_queue.name AND l.expires_at > UTC_TIMESTAMP(6)),\n" +
+		"              ?, holder),\n" +
+		"  fence = IF(holder < 0, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(4611686018427387904)),\n" +
+		"  token = IF(holder < 0, ?, token),\n" +
+		"  held_since = IF(holder < 0, UTC_TIMESTAMP(6), held_since),\n" +
+		"  holder = IF(holder < 0, ?, holder)\n" +
+		"WHERE name = ?"
+	oldTicketInsertAlone = "INSERT INTO dsync_ticket (name, seq, holder, token, mode, held_since)\n" +
+		"SELECT q.name, LAST_INSERT_ID(2 * (GREATEST(q.seq,\n" +
+		"         COALESCE((SELECT MAX(t.seq) FROM dsync_ticket t WHERE t.name = q.name AND t.seq < 4611686018427387904), 0)) + 1)\n" +
+		"       + IF((EXISTS (SELECT 1 FROM dsync_ticket ct JOIN dsync_lease cl ON cl.id = ct.holder\n" +
+		"          WHERE ct.name = q.name AND (ct.mode = 1 OR ? = 1) AND cl.expires_at > UTC_TIMESTAMP(6))\n" +
+		"        OR EXISTS (SELECT 1 FROM dsync_lease hl WHERE hl.id = q.holder AND hl.expires_at > UTC_TIMESTAMP(6))), 1, 0)) DIV 2,\n" +
+		"       ?, ?, ?, UTC_TIMESTAMP(6)\n" +
+		"FROM dsync_queue q WHERE q.name = ? FOR UPDATE"
+	oldQueueBind = "INSERT INTO dsync_lock (name, kind, fence) VALUES (?, 1, LAST_INSERT_ID(1))\n" +
+		"ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(2305843009213693952))"
+)
+
+// TestOldLocksNeverTakeASemaphoreName runs the Mutex and FairMutex
+// statements of schema version 6, as a process of that version would on
+// upgraded tables, on the name of a Semaphore that a session holds: the
+// Mutex must refuse it (error 1690, which that version's Lock returns),
+// never answer a fence (it answers kind * 2^61 for another kind, a
+// positive number for kinds 2 and 3, see TestOldMutexNeverTakesAnElectionName);
+// the FairMutex must find no line of the name to take or join (its
+// statements do not read the lock row), and then be refused by its bind.
+func TestOldLocksNeverTakeASemaphoreName(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	c, err := db.Conn(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	name := lockName(t)
+	ms := semaphores(t, name, 2, 2)
+	if err := ms[0].Acquire(bg, 1); err != nil {
+		t.Fatal(err)
+	}
+	old := newSession(t).ID() // a live lease, as the old process's
+	const token = 7
+
+	res, err := c.ExecContext(bg, oldMutexAcquire, name, old, token, old, -old, token, 0, old)
+	var fence int64
+	if err == nil {
+		fence, err = res.LastInsertId()
+	}
+	if me := (*mysql.MySQLError)(nil); !errors.As(err, &me) || me.Number != 1690 {
+		t.Fatalf("the old Mutex statement on a Semaphore's name: got %d, %v; want error 1690", fence, err)
+	}
+
+	res, err = c.ExecContext(bg, oldQueueTake, -old, token, old, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := res.LastInsertId(); got != 0 {
+		t.Fatalf("the old FairMutex take of the head slot: got %d; want 0 (no line of the name)", got)
+	}
+	res, err = c.ExecContext(bg, oldTicketInsertAlone, 1, old, token, 1, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := res.RowsAffected(); got != 0 {
+		t.Fatalf("the old FairMutex enqueue: got %d tickets; want 0 (no line of the name)", got)
+	}
+	tx, err := c.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = tx.ExecContext(bg, oldQueueBind, name)
+	if err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	bound, _ := res.LastInsertId()
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if bound != 1<<61 {
+		t.Fatalf("the old FairMutex bind: got %d; want the refusal %d", bound, int64(1<<61))
+	}
+
+	// Nothing of the old statements landed: the Semaphore counts on.
+	if got := countRows(t, db, `SELECT COUNT(*) FROM dsync_ticket WHERE holder = ?`, old); got != 0 {
+		t.Fatalf("tickets of the old process: got %d; want 0", got)
+	}
+	if ok, err := ms[1].TryAcquire(bg, 1); err != nil || !ok {
+		t.Fatalf("TryAcquire of the second permit: got %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := ms[1].TryAcquire(bg, 1); err != nil || ok {
+		t.Fatalf("TryAcquire beyond the limit: got %v, %v; want false, nil", ok, err)
 	}
 }

@@ -353,3 +353,13 @@ func validName(name string) error {
 	}
 	return nil
 }
+
+// validKeyedName reports whether name can be the name of a lock of a
+// keyed kind (see "Queue keys" in queries.go): a lock name whose queue key fits the
+// tables' 255 bytes.
+func validKeyedName(name string) error {
+	if err := validName(name); err != nil || len(name) <= 254 {
+		return err
+	}
+	return fmt.Errorf("%w: %q (at most 254 bytes for an Election or a Semaphore)", ErrInvalidName, name)
+}

@@ -105,14 +105,13 @@ func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int6
 
 // bindQueueRow makes one attempt of createQueueRow on one connection: it
 // reads the kind of the lock row that the queue row of name binds (see
-// boundAs), and unless another kind uses it, binds it (to a Semaphore of
-// limit when limit is not 0) and creates the queue row in one
-// transaction. It returns the kind of the row (another kind than
+// boundAs), and unless another kind uses it, binds it (with limit, a
+// Semaphore's, else 0) and creates the queue row in one transaction. It returns the kind of the row (another kind than
 // boundAs's: nothing was written), ErrLimitMismatch when a semaphore of
 // another limit uses the name, and a lock wait timeout
 // (errLockWaitTimeout) when a transaction holds the lock row.
 func (t *tickets) bindQueueRow(ctx context.Context, name string, limit int64) (int, error) {
-	row, want := boundAs(name, limit)
+	row, want := boundAs(name)
 	kind := kindRowNone
 	mismatch := false
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
