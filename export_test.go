@@ -110,6 +110,6 @@ func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exc
 	if exclusive {
 		w.mode = modeExclusive
 	}
-	seq, _, _, marked, err = s.current().tickets.ticketAhead(ctx, name, w)
+	seq, _, _, marked, _, err = s.current().tickets.ticketAhead(ctx, name, w)
 	return seq, marked, err
 }

@@ -1032,7 +1032,7 @@ LOCK IN SHARE MODE`
 	// lock, and the slot's release may have rung for this waiter. Args:
 	// name, ticket, mode, name. No row: nothing conflicting is
 	// ahead.
-	qTicketAhead = ticketAheadCols + `
+	qTicketAhead = ticketAheadCols + ticketAheadFrom + `
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
   AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
 UNION ALL
@@ -1042,10 +1042,11 @@ WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY 1 DESC LIMIT 1`
 
 	// ticketAheadCols is what qTicketAhead and qSemAhead read of the
-	// ticket a waiter blocks on.
+	// ticket a waiter blocks on, from ticketAheadFrom.
 	ticketAheadCols = `SELECT t.seq, l.id, IF(l.bell = 0, 0, l.bell + (IS_USED_LOCK(` + bellNextNameSQL + `) IS NOT NULL)),
   TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at),
-  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))
+  EXISTS (SELECT 1 FROM {ticket} m WHERE m.name = t.name AND m.seq = t.seq + ` + markerBaseSQL + ` AND m.token IN (1, t.holder))`
+	ticketAheadFrom = `
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder`
 
 	// qSemAhead is qTicketAhead for a Semaphore's waiting ticket, which
@@ -1055,11 +1056,16 @@ FROM {ticket} t JOIN {lease} l ON l.id = t.holder`
 	// else every ticket ahead holds (holders are a prefix of the line, see
 	// qSemTake), the waiter is the first that waits, and it blocks on the
 	// oldest of them, the head of the line: with holds of like length,
-	// granted in order, the first to end. (A release by another holder
-	// does not ring for it: one blocked connection waits on one doorbell;
-	// see Semaphore, "Waking".) Args: name, ticket, ticket, limit. Results
-	// as qTicketAhead's; no row: nothing live is ahead.
-	qSemAhead = ticketAheadCols + `
+	// granted in order, the first to end. A release by another holder
+	// does not ring for it (one blocked connection waits on one doorbell),
+	// so a sixth column says that the waiter is that first waiter and
+	// more than one live ticket, all holding, is ahead of it: then it
+	// blocks for at most semHeadWait at a time (see Semaphore, "Waking").
+	// Args: limit, ticket, name, ticket, ticket, limit. Results as
+	// qTicketAhead's, and that flag; no row: nothing live is ahead.
+	qSemAhead = ticketAheadCols + `,
+  (SELECT COALESCE(SUM(h.weight), 0) <= ? AND COUNT(*) > 1 FROM {ticket} h JOIN {lease} hl ON hl.id = h.holder
+   WHERE h.name = t.name AND h.seq < ? AND hl.expires_at > UTC_TIMESTAMP(6))` + ticketAheadFrom + `
 WHERE t.name = ? AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)
   AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
 ORDER BY IF((SELECT COALESCE(SUM(a.weight), 0) FROM {ticket} a JOIN {lease} al ON al.id = a.holder

@@ -537,7 +537,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		return waitPoll
 	}
 	s.bell.arm() // waiters behind this one wait on its doorbell (tickets queue behind it)
-	seq, ref, left, marked, err := s.tickets.ticketAhead(ctx, name, w)
+	seq, ref, left, marked, several, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
@@ -567,7 +567,13 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 			return waitTry // the ticket ahead went meanwhile
 		}
 	}
-	out = s.waiters.wait(ctx, s.done, ref, left, bellWait, st, s.logger, name, kindQueue)
+	most := bellWait
+	if several {
+		// The first waiter of a Semaphore behind several holders: any of
+		// them may let it in, and only the one it blocks on rings for it.
+		most = semHeadWait
+	}
+	out = s.waiters.wait(ctx, s.done, ref, left, most, st, s.logger, name, kindQueue)
 	if out == waitTry {
 		// Rung (the release may not have committed yet), or timed out:
 		// the next check waits for that release (see checkTicket).

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // A Semaphore is a weighted semaphore shared by every process whose
@@ -66,9 +67,12 @@ import (
 // may fit as well, checks at once: the permits freed by one release flow
 // down the line without a poll. A release by a holder other than the
 // oldest does not ring the first waiter's doorbell (a blocked connection
-// waits on one doorbell, which only its own session rings): the waiter
-// sees it when the oldest holder goes or shrinks, or at the latest 8
-// seconds later (the longest block on one doorbell). Where there are no
+// waits on one doorbell, which only its own session rings), so while more
+// than one holder is ahead of it the first waiter blocks for at most a
+// second at a time and then checks its turn: it sees any holder's release
+// within about a second, at about three statements a second (a check, a
+// read of whom to block on, the block) for the first waiter alone; the
+// waiters behind it do not poll. Where there are no
 // doorbells (a Galera cluster, a *sql.DB with a connection limit below 8)
 // waiters poll within the polling budget, as a FairMutex's do.
 type Semaphore struct {
@@ -250,6 +254,16 @@ func (m *Semaphore) acquireOn(ctx context.Context, c *call, q *queued, n int64, 
 	lq.mu.Unlock()
 	return fence, nil // the reference now belongs to the hold
 }
+
+// semHeadWait is the longest block of a Semaphore's first waiter on the
+// oldest holder's doorbell while more than one holder is ahead of it:
+// a release by any of them may let it in, and only the one it blocks on
+// rings for it (see "Waking" at Semaphore). So another holder's release
+// is seen within about this long (the block, then a take), at the cost of
+// about two statements a second for the first waiter alone; the waiters
+// behind it block on the waiter ahead without a bound of their own. One
+// second is the shortest block GET_LOCK takes (whole seconds).
+const semHeadWait = time.Second
 
 // permitHold is one acquisition of a Semaphore's permits by this process:
 // one ticket.

@@ -573,16 +573,18 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 // the ticket already, so that its release rings (always true for the head
 // slot, whose release rings whenever tickets exist); sql.ErrNoRows when
 // nothing live is ahead. The read waits for a release of the ticket under
-// way. A semaphore's waiter reads whom it waits for with qSemAhead.
-func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked bool, err error) {
+// way. A semaphore's waiter reads whom it waits for with qSemAhead, which
+// also tells whether it is the first waiter behind several holders
+// (several: see Semaphore, "Waking"); several is false for the others.
+func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked, several bool, err error) {
 	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		stmt, args := sTicketAhead, []any{name, w.ticket, w.mode, name}
 		if w.mode == modeWeighted {
-			stmt, args = sSemAhead, []any{name, w.ticket, w.ticket, w.limit}
+			return t.st.query(ctx, c, sSemAhead, []any{w.limit, w.ticket, name, w.ticket, w.ticket, w.limit},
+				&seq, &ref.id, &ref.gen, &left, &marked, &several)
 		}
-		return t.st.query(ctx, c, stmt, args, &seq, &ref.id, &ref.gen, &left, &marked)
+		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked)
 	})
-	return seq, ref, left, marked, err
+	return seq, ref, left, marked, several, err
 }
 
 // wantTicket leaves a waiter's marker behind ticket seq of name
