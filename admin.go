@@ -42,12 +42,14 @@ type LockKind string
 // kind, KindWrite: both are exclusive tickets of the queued locks, and
 // the tables do not record which type took them (a FairMutex is the write
 // side of the RWMutex of the same name). A name has holds of one kind of
-// lock only: Mutex, the queued locks, or Election (see [ErrOtherKind]).
+// lock only: Mutex, the queued locks, Election or Semaphore (see
+// [ErrOtherKind]).
 const (
-	KindMutex  LockKind = "mutex"  // a Mutex hold
-	KindWrite  LockKind = "write"  // a FairMutex hold or an RWMutex write hold
-	KindRead   LockKind = "read"   // an RWMutex read hold
-	KindLeader LockKind = "leader" // an Election's leader, listed by ListLocks only
+	KindMutex     LockKind = "mutex"     // a Mutex hold
+	KindWrite     LockKind = "write"     // a FairMutex hold or an RWMutex write hold
+	KindRead      LockKind = "read"      // an RWMutex read hold
+	KindLeader    LockKind = "leader"    // an Election's leader
+	KindSemaphore LockKind = "semaphore" // one acquisition of a Semaphore's permits
 )
 
 // LockInfo describes one hold of a lock by a live session, as the database
@@ -57,7 +59,8 @@ type LockInfo struct {
 	Kind    LockKind // which kind of lock and side: see LockKind
 	Holder  string   // the label of the holder's session (see WithLabel)
 	Session int64    // the holder's lease id (see Session.ID)
-	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none
+	Fence   int64    // the fence of the hold; 0 for a read hold, which takes none, and for a Semaphore's, whose fences the tables do not keep
+	Permits int64    // KindSemaphore: the permits the acquisition holds (of the name's limit); else 0
 
 	// Held is how long the lock has been held, on the database's clock:
 	// since the statement that took it (the tables record when, see
@@ -67,14 +70,16 @@ type LockInfo struct {
 	// waiting ticket whose turn has come but whose holder has not seen it
 	// yet (a poll or a doorbell away) is listed as a hold, with Held an
 	// overestimate: since the ticket was taken or, for KindWrite, since
-	// the exclusive hold before it began, whichever is later. Holds taken
+	// the exclusive hold before it began, whichever is later. The same
+	// goes for KindSemaphore (a ticket whose permits fit, see
+	// [Semaphore]). Holds taken
 	// by a dsync of schema version 5 on upgraded tables (see
 	// [ErrSchemaVersion]) show a wrong Held.
 	Held time.Duration
 
 	// Waiters counts the sessions waiting for the lock, as far as the
-	// database records them. For the queued locks (KindWrite, KindRead) it
-	// is exact: the number of live tickets of the name that do not hold it,
+	// database records them. For the queued locks (KindWrite, KindRead)
+	// and the Semaphores and Elections it is exact: the number of live tickets of the name that do not hold it,
 	// each waiting session's ticket (goroutines of one process wait behind
 	// one ticket), whatever side they wait for; every hold of the name has
 	// the same count. For KindMutex it is a lower bound, 1 while a waiter
@@ -90,8 +95,9 @@ type LockInfo struct {
 
 // ListLocks returns every hold of a lock by a live session in the tables of
 // prefix, sorted by name, kind and lease id: Mutex holders, FairMutex and
-// RWMutex writers, and RWMutex readers (one entry per read ticket; the
-// readers of one process usually share one). Waiting sessions are not
+// RWMutex writers, RWMutex readers (one entry per read ticket; the
+// readers of one process usually share one), Election leaders, and
+// Semaphore holders (one entry per acquisition, with its permits). Waiting sessions are not
 // listed, they are counted in the Waiters of the holds. It reads the
 // database twice (the Mutex and the queued locks' tables), each time in one
 // statement that reads every row of the name's table: it is meant for
@@ -106,9 +112,9 @@ func ListLocks(ctx context.Context, db *sql.DB, prefix string) ([]LockInfo, erro
 
 // LockHolders returns the holds of the lock called name by live sessions,
 // as ListLocks does but reading only that name's rows. A name is one lock,
-// used by a Mutex or by the queued locks (FairMutex, RWMutex), never both
-// (see [ErrOtherKind]): the holds are a Mutex's one hold, or the queued
-// lock's writer or readers. It returns an error wrapping [ErrInvalidName] for an invalid name,
+// used by one kind of lock (see [ErrOtherKind]): the holds are a Mutex's
+// one hold, the queued lock's writer or readers, an Election's leader, or
+// a Semaphore's holders. It returns an error wrapping [ErrInvalidName] for an invalid name,
 // or as ListLocks does.
 func LockHolders(ctx context.Context, db *sql.DB, prefix, name string) ([]LockInfo, error) {
 	if err := validName(name); err != nil {
@@ -128,7 +134,7 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	var args []any
 	mutexes, tickets := q.listMutexes, q.listTickets
 	if one {
-		mutexes, tickets, args = q.listMutexesOf, q.listTicketsOf, []any{name}
+		mutexes, tickets = q.listMutexesOf, q.listTicketsOf
 	}
 	// Both reads in one short transaction at READ COMMITTED, ended before
 	// returning, whatever the DSN sets: with autocommit off a plain read
@@ -143,6 +149,9 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	}
 	defer tx.Rollback()   // read only: nothing to commit
 	locks := []LockInfo{} // not nil: an empty list, for JSON too
+	if one {
+		args = []any{name}
+	}
 	if err := scanRows(ctx, tx, mutexes, args, func(rows *sql.Rows) error {
 		l := LockInfo{Kind: KindMutex}
 		var held int64
@@ -155,11 +164,14 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 	}); err != nil {
 		return nil, opErrorf(err, "list Mutex holders")
 	}
+	if one {
+		args = []any{name, queueKey(kindRowElection, name), queueKey(kindRowSemaphore, name)}
+	}
 	var line []ticketInfo // the live tickets of one name, in line order
 	if err := scanRows(ctx, tx, tickets, args, func(rows *sql.Rows) error {
 		var t ticketInfo
 		var held int64
-		if err := rows.Scan(&t.Name, &t.seq, &t.mode, &t.Session, &t.Holder, &held, &t.Fence); err != nil {
+		if err := rows.Scan(&t.Name, &t.seq, &t.mode, &t.Session, &t.Holder, &held, &t.Fence, &t.Permits, &t.limit); err != nil {
 			return err
 		}
 		t.Held = heldFor(held)
@@ -170,13 +182,16 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 		line = append(line, t)
 		return nil
 	}); err != nil {
-		return nil, opErrorf(err, "list FairMutex and RWMutex holders")
+		return nil, opErrorf(err, "list the holders of queued locks")
 	}
 	locks = appendHolds(locks, line)
 	for i, l := range locks {
-		// An Election's hold is an exclusive ticket under its queue key.
-		if name, kind := boundAs(l.Name); kind == kindRowElection {
-			locks[i].Name, locks[i].Kind = name, KindLeader
+		// Elections and Semaphores keep their lines under queue keys; an
+		// Election's hold is an exclusive ticket.
+		name, kind := boundAs(l.Name)
+		locks[i].Name = name
+		if kind == kindRowElection {
+			locks[i].Kind = KindLeader
 		}
 	}
 	slices.SortStableFunc(locks, func(a, b LockInfo) int {
@@ -188,25 +203,32 @@ func listLocks(ctx context.Context, db *sql.DB, prefix, name string, one bool) (
 
 // ticketInfo is a live ticket read by qListTickets.
 type ticketInfo struct {
-	LockInfo       // Kind, Fence and Waiters not set yet; Fence is the name's last fence
+	LockInfo       // Kind, Fence and Waiters not set yet; Fence is the name's last fence, Permits the ticket's weight
 	seq      int64 // ticket number
 	mode     int
+	limit    int64 // the line's limit, for a Semaphore's ticket
 }
 
 // appendHolds appends the holds among the live tickets of one name, in
 // line order: as in qCreateTicket, an exclusive ticket holds the lock when
 // no live ticket is ahead of it, a shared one when no live exclusive ticket
-// is. The others are its waiters.
+// is, and a Semaphore's when the weights up to and including it add up to
+// at most the limit (see qSemTake). The others are its waiters.
 func appendHolds(locks []LockInfo, line []ticketInfo) []LockInfo {
 	first := len(locks)
 	anyAhead, writerAhead := false, false
+	var weights int64
 	for _, t := range line {
+		weights += t.Permits
 		switch {
 		case t.mode == modeExclusive && !anyAhead:
-			t.Kind = KindWrite
+			t.Kind, t.Permits = KindWrite, 0
 			locks = append(locks, t.LockInfo)
 		case t.mode == modeShared && !writerAhead:
-			t.Kind, t.Fence = KindRead, 0
+			t.Kind, t.Fence, t.Permits = KindRead, 0, 0
+			locks = append(locks, t.LockInfo)
+		case t.mode == modeWeighted && weights <= t.limit:
+			t.Kind, t.Fence = KindSemaphore, 0
 			locks = append(locks, t.LockInfo)
 		}
 		anyAhead = true
@@ -248,7 +270,10 @@ func scanRows(ctx context.Context, tx *sql.Tx, query string, args []any, scan fu
 // fence is greater than the stuck holder's, so a resource that checks
 // fences refuses the stuck holder's writes once the new holder has
 // written. FairMutex and RWMutex holds are not affected (they are
-// tickets, and their name's lock row is never held).
+// tickets, and their name's lock row is never held): it returns false,
+// nil for their names. The holds of a [Semaphore] or an [Election] are
+// not freed either: for their names it returns false and an error
+// wrapping [ErrOtherKind] (their holders release, or their sessions end).
 //
 // Waiters blocked on the holder's doorbell are woken: when sessions wait,
 // ForceRelease closes the connection that holds the holder's doorbell
@@ -261,7 +286,8 @@ func scanRows(ctx context.Context, tx *sql.Tx, query string, args []any, scan fu
 // connection.
 //
 // It returns an error wrapping [ErrInvalidName] for an invalid name,
-// [ErrInvalidOption] for a bad prefix or a nil db, or a database error.
+// [ErrOtherKind] as said above, [ErrInvalidOption] for a bad prefix or a
+// nil db, or a database error.
 func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, error) {
 	q, err := adminQueries(prefix)
 	if err != nil {
@@ -299,7 +325,16 @@ func ForceRelease(ctx context.Context, db *sql.DB, prefix, name string) (bool, e
 		_ = tx.Rollback()
 		return false, opErrorf(err, "force release %q", name)
 	}
-	if conn, _ := res.LastInsertId(); n > 0 && conn > 0 {
+	if n == 0 {
+		// Nothing freed: a Semaphore's or an Election's name has holds
+		// that this cannot free; say so rather than "not held".
+		var kind int
+		if err := c.QueryRowContext(ctx, q.prepared[sLockKind], name).Scan(&kind); err == nil && kind >= firstKeyedKind {
+			return false, opErrorf(otherKindError(kind), "force release %q (it frees a Mutex's hold only)", name)
+		}
+		return false, nil
+	}
+	if conn, _ := res.LastInsertId(); conn > 0 {
 		// Ring for the holder, which does not know, if that connection
 		// still holds a doorbell: without the privilege to kill it, the
 		// waiters wake when their wait ends (at most 8 s).

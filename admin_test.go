@@ -295,6 +295,68 @@ func TestListLocksWriterAhead(t *testing.T) {
 	}
 }
 
+// TestListLocksSemaphore: ListLocks and LockHolders list a Semaphore's
+// holders, one entry per acquisition with its permits, and count the
+// session in line behind them as their waiter; ForceRelease frees none
+// of them and says why (ErrOtherKind), and LockHolders finds an
+// Election's leader under its name.
+func TestListLocksSemaphore(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("lssem")
+	open := func(label string) *dsync.Session {
+		return sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithLabel(label))
+	}
+	a, b, c := open("a"), open("b"), open("c")
+	if err := dsync.NewSemaphore(a, "exports", 3).Acquire(bg, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := dsync.NewSemaphore(b, "exports", 3).Acquire(bg, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, stopWaiting := context.WithCancel(bg)
+	waited := make(chan error, 1)
+	go func() { waited <- dsync.NewSemaphore(c, "exports", 3).Acquire(waitCtx, 2) }()
+	defer func() {
+		stopWaiting()
+		<-waited
+	}()
+	leader := dsync.NewElection(a, "scheduler")
+	if err := leader.Campaign(bg, "a"); err != nil {
+		t.Fatal(err)
+	}
+	locks := waitForLocks(t, db, prefix, "2 Semaphore holders with 1 waiter", func(ls []dsync.LockInfo) bool {
+		h, _ := findHold(ls, "exports", dsync.KindSemaphore, a.ID())
+		return h.Waiters == 1
+	})
+	for _, want := range []dsync.LockInfo{
+		{Name: "exports", Kind: dsync.KindSemaphore, Holder: "a", Session: a.ID(), Permits: 2, Waiters: 1},
+		{Name: "exports", Kind: dsync.KindSemaphore, Holder: "b", Session: b.ID(), Permits: 1, Waiters: 1},
+	} {
+		got, ok := findHold(locks, want.Name, want.Kind, want.Session)
+		got.Held = 0
+		if !ok || got != want {
+			t.Errorf("ListLocks: got %+v; want %+v in it", locks, want)
+		}
+	}
+	if _, ok := findHold(locks, "exports", dsync.KindSemaphore, c.ID()); ok {
+		t.Errorf("ListLocks: got %+v; want the waiter c not listed", locks)
+	}
+	holders, err := dsync.LockHolders(bg, db, prefix, "exports")
+	if err != nil || len(holders) != 2 {
+		t.Errorf("LockHolders of the Semaphore: got %+v, %v; want its 2 holders", holders, err)
+	}
+	holders, err = dsync.LockHolders(bg, db, prefix, "scheduler")
+	if err != nil || len(holders) != 1 || holders[0].Kind != dsync.KindLeader || holders[0].Fence != leader.Term() {
+		t.Errorf("LockHolders of the Election: got %+v, %v; want its leader, fence %d", holders, err, leader.Term())
+	}
+	for _, name := range []string{"exports", "scheduler"} {
+		if ok, err := dsync.ForceRelease(bg, db, prefix, name); ok || !errors.Is(err, dsync.ErrOtherKind) {
+			t.Errorf("ForceRelease of %q: got %v, %v; want false, ErrOtherKind", name, ok, err)
+		}
+	}
+}
+
 // TestForceRelease frees a Mutex held by a live session: another session
 // takes it at once with a greater fence, the stuck holder's Unlock reports
 // ErrNotHeld, and a lock nobody holds is left alone.

@@ -1114,9 +1114,10 @@ ON DUPLICATE KEY UPDATE token = VALUES(token)`
 
 	// qTicketGranted records when a shared ticket that waited began to
 	// hold (see qCreateTicket's held_since): its holder runs it once, when
-	// its check (qTicketConflicts) finds nothing conflicting ahead any more.
-	// Only a reader that waited runs it, so the uncontended paths pay
-	// nothing. Args: name, ticket, lease id, token. RowsAffected is not
+	// its check (qTicketConflicts) finds nothing conflicting ahead any more;
+	// so does a Semaphore's, once its take (qSemTake) took a fence after a
+	// wait. Only a reader or Semaphore that waited runs it, so the
+	// uncontended paths pay nothing. Args: name, ticket, lease id, token. RowsAffected is not
 	// used: the ticket's hold does not depend on it.
 	qTicketGranted = `UPDATE {ticket} SET held_since = UTC_TIMESTAMP(6) WHERE name = ? AND seq = ? AND holder = ? AND token = ?`
 

@@ -30,10 +30,12 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`
 	qListMutexesOf = qListMutexes + ` AND k.name = ?`
 
 	// qListTickets lists the tickets of live leases, holders and waiters
-	// alike, in line order: name, ticket number, mode (1 exclusive, 0
-	// shared), lease id, holder's label, microseconds since the ticket
-	// began to hold if it holds, and the name's last fence (the fence of
-	// its exclusive holder, if it has one that has taken the lock). A live
+	// alike, in line order: name (the queue key, see "Queue keys" in
+	// queries.go), ticket number, mode (1 exclusive, 0 shared, 2 a
+	// Semaphore's), lease id, holder's label, microseconds since the
+	// ticket began to hold if it holds, the name's last fence (the fence
+	// of its exclusive holder, if it has one that has taken the lock), the
+	// ticket's weight and the line's limit (a Semaphore's; else 0). A live
 	// holder of a name's head slot (see qCreateQueue) is listed as an
 	// exclusive ticket numbered 0, ahead of every ticket. Which of them
 	// hold the lock follows from the order, as in qCreateTicket.
@@ -47,18 +49,20 @@ WHERE l.expires_at > UTC_TIMESTAMP(6)`
 	// when its holder saw its turn after waiting; until then, its insert.
 	qListTickets = qListTicketsFrom + qListTicketsOrder
 
-	// qListTicketsOf is qListTickets for one name. Args: name.
-	qListTicketsOf = qListTicketsFrom + ` WHERE t.name = ?` + qListTicketsOrder
+	// qListTicketsOf is qListTickets for one name, whatever its kind:
+	// its queue keys as a queued lock's, an Election's and a Semaphore's.
+	// Args: those three keys.
+	qListTicketsOf = qListTicketsFrom + ` WHERE t.name IN (?, ?, ?)` + qListTicketsOrder
 
-	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, t.id, t.label, t.held, t.fence FROM (
+	qListTicketsFrom = `SELECT t.name, t.seq, t.mode, t.id, t.label, t.held, t.fence, t.weight, t.permits FROM (
 SELECT t.name, t.seq, t.mode, l.id, l.label,
   TIMESTAMPDIFF(MICROSECOND, IF(t.mode = 1, GREATEST(t.held_since, COALESCE(q.held_since, t.held_since)), t.held_since),
                 UTC_TIMESTAMP(6)) AS held,
-  COALESCE(q.fence, 0) AS fence
+  COALESCE(q.fence, 0) AS fence, t.weight, COALESCE(q.permits, 0) AS permits
 FROM {ticket} t JOIN {lease} l ON l.id = t.holder LEFT JOIN {queue} q ON q.name = t.name
 WHERE l.expires_at > UTC_TIMESTAMP(6)
 UNION ALL
-SELECT q.name, 0, 1, l.id, l.label, TIMESTAMPDIFF(MICROSECOND, q.held_since, UTC_TIMESTAMP(6)), q.fence
+SELECT q.name, 0, 1, l.id, l.label, TIMESTAMPDIFF(MICROSECOND, q.held_since, UTC_TIMESTAMP(6)), q.fence, 0, 0
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE l.expires_at > UTC_TIMESTAMP(6)) t`
 	qListTicketsOrder = ` ORDER BY t.name, t.seq`

@@ -323,8 +323,10 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 				// A semaphore's waiter that blocked on this one may fit
 				// now as well (its prefix shrank by the release that let
 				// this one in): ring, so that it checks (see semaphore.go,
-				// "Waking").
+				// "Waking"). And record when this hold began, as a reader
+				// that waited does, for ListLocks.
 				s.bell.ring()
+				s.tickets.granted(ctx, name, w)
 			}
 			return w, fence, nil
 		}

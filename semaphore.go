@@ -42,9 +42,10 @@ import (
 // the name with the old one, and let its rows be cleaned up (or use
 // another name).
 //
-// A name is one lock: while a [Mutex], [FairMutex] or [RWMutex] uses it,
-// the Semaphore's calls return [ErrOtherKind], and theirs the same while
-// a Semaphore uses it.
+// A name is one lock: while a [Mutex], [FairMutex], [RWMutex] or
+// [Election] uses it, the Semaphore's calls return [ErrOtherKind], and
+// theirs the same while a Semaphore uses it. [ListLocks] lists each
+// acquisition ([KindSemaphore]); [ForceRelease] frees none.
 //
 // # Sessions and fences
 //

@@ -410,8 +410,8 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	}
 }
 
-// granted records that the shared ticket of w, which waited, holds the
-// lock from now on (qTicketGranted), for ListLocks. The hold does not
+// granted records that the shared or weighted ticket of w, which waited,
+// holds the lock from now on (qTicketGranted), for ListLocks. The hold does not
 // depend on it: a failure is only logged, and the ticket's held_since
 // stays the time of its insert, earlier than the hold's start.
 func (t *tickets) granted(ctx context.Context, name string, w *waiter) {

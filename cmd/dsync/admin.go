@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -17,12 +18,13 @@ import (
 // lockJSON is one element of the array that ls --json prints.
 type lockJSON struct {
 	Name    string `json:"name"`
-	Kind    string `json:"kind"`    // mutex, write (FairMutex or RWMutex writer), read, leader (Election)
-	Holder  string `json:"holder"`  // the holder's label
-	Session int64  `json:"session"` // the holder's lease id
-	Fence   int64  `json:"fence"`   // 0 for read
-	HeldMS  int64  `json:"held_ms"` // the hold's age (see lsColumns)
-	Waiters int    `json:"waiters"` // see lsColumns: for mutex, 1 means at least 1
+	Kind    string `json:"kind"`              // mutex, write (FairMutex or RWMutex writer), read, leader (Election), semaphore
+	Holder  string `json:"holder"`            // the holder's label
+	Session int64  `json:"session"`           // the holder's lease id
+	Fence   int64  `json:"fence"`             // 0 for read
+	HeldMS  int64  `json:"held_ms"`           // the hold's age (see lsColumns)
+	Waiters int    `json:"waiters"`           // see lsColumns: for mutex, 1 means at least 1
+	Permits int64  `json:"permits,omitempty"` // semaphore: the permits of the acquisition
 }
 
 // lsColumns is what dsync ls --help adds to lsUsage: what each column
@@ -30,29 +32,32 @@ type lockJSON struct {
 const lsColumns = `Lists the holds of live sessions, one row per hold, sorted by name; the
 sessions that wait are counted (WAITERS), not listed. --json prints one
 JSON array: name, kind, holder, session, fence, held_ms (HELD in
-milliseconds), waiters.
+milliseconds), waiters, and for a semaphore permits.
 Columns:
   NAME     the lock's name
   KIND     mutex: a Mutex (dsync run without --fair/--read/--write), also a
            Mutex.LockTx hold; write: a FairMutex or an RWMutex writer;
            read: an RWMutex reader, one row per reading session;
-           leader: an Election's leader (FENCE its term)
+           leader: an Election's leader (FENCE its term);
+           semaphore(N): a Semaphore's acquisition of N permits, one row
+           per acquisition (FENCE 0: the tables keep no fence of it)
   HOLDER   the label of the holder's session (--label; default host:pid)
   SESSION  the holder's lease id (DSYNC_SESSION of dsync run's command)
   FENCE    the hold's fencing token (DSYNC_FENCE); 0 for read
   HELD     how long the lock has been held, on the database's clock: since
            the statement that took it. A LockTx hold counts from that take
            (right before the caller's transaction gets the lock) and lasts
-           until the transaction ends. For write and read, a waiter whose
-           turn has come but who has not seen it yet (a poll or a doorbell
-           away: milliseconds) is listed as the holder, its HELD counted
-           from when it began to wait (or, for write, from when the write
-           hold before it began, if that is later).
+           until the transaction ends. For write, read and semaphore, a
+           waiter whose turn has come but who has not seen it yet (a poll
+           or a doorbell away: milliseconds) is listed as the holder, its
+           HELD counted from when it began to wait (or, for write, from
+           when the write hold before it began, if that is later).
   WAITERS  the sessions that wait for the lock, as far as the database
            records them:
-           write, read: exact. Every session in line for the name, whichever
-             side it waits for (a session's goroutines wait in one place);
-             each holder of the name shows the same count.
+           write, read, leader, semaphore: exact. Every session in line
+             for the name, whichever side it waits for (a session's
+             goroutines wait in one place); each holder of the name shows
+             the same count.
            mutex: 1+ when a waiter has claimed the next hold, else 0. The
              tables record that one waiter only: the others block on the
              holder's doorbell (a GET_LOCK), which no table shows, and the
@@ -95,7 +100,7 @@ func printJSON(locks []dsync.LockInfo) error {
 	for _, l := range locks {
 		out = append(out, lockJSON{
 			Name: l.Name, Kind: string(l.Kind), Holder: l.Holder, Session: l.Session,
-			Fence: l.Fence, HeldMS: l.Held.Milliseconds(), Waiters: l.Waiters,
+			Fence: l.Fence, HeldMS: l.Held.Milliseconds(), Waiters: l.Waiters, Permits: l.Permits,
 		})
 	}
 	enc := json.NewEncoder(stdout)
@@ -108,7 +113,11 @@ func printTable(locks []dsync.LockInfo) error {
 	w := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tKIND\tHOLDER\tSESSION\tFENCE\tHELD\tWAITERS")
 	for _, l := range locks {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(l.Name), l.Kind, cell(l.Holder),
+		kind := string(l.Kind)
+		if l.Kind == dsync.KindSemaphore {
+			kind = fmt.Sprintf("%s(%d)", kind, l.Permits)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(l.Name), kind, cell(l.Holder),
 			l.Session, l.Fence, roughly(l.Held), waiters(l))
 	}
 	return w.Flush()
@@ -188,6 +197,11 @@ func cmdRelease(args []string) int {
 			return 0, err
 		}
 		freed, err := dsync.ForceRelease(ctx, db, d.prefix, name)
+		if errors.Is(err, dsync.ErrOtherKind) {
+			// A Semaphore's or an Election's name: nothing it can free.
+			fmt.Fprintf(stderr, "%v; nothing done\n", err)
+			return exitFailure, nil
+		}
 		if err != nil {
 			return 0, err
 		}
