@@ -739,23 +739,37 @@ ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
 	// qSemInsert is qTicketInsert for a Semaphore's ticket (mode 2, see
 	// qCreateTicket), with the semaphore's rule: the flag says that the
 	// live tickets' weights and the new one's add up to more than the
-	// limit, and the marker goes behind the nearest live ticket ahead (all
-	// of them count) only then. Args: weight, lease id, token, weight,
-	// name, limit, name, weight, limit. LastInsertId as qTicketInsert's; 0
-	// also when the row has other permits (another kind's line, or a
-	// semaphore of another limit: createQueueRow says which).
+	// limit, and only then does the marker go in, behind the ticket that
+	// qSemAhead will block on: when the live tickets (all of them ahead)
+	// weigh more than the limit, the nearest one, which waits too (the
+	// first marker SELECT); else they all hold, the new ticket is the
+	// first waiter, and it goes behind the oldest (the second). Each
+	// SELECT reads the line in its own order and locks the one ticket it
+	// takes. Args: weight, lease id, token, weight, name, limit, name,
+	// limit, name, limit, weight, limit. LastInsertId as qTicketInsert's;
+	// 0 also when the row has other permits (a semaphore of another limit:
+	// createQueueRow says so).
 	qSemInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since)
 (SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + semWeightsQ + ` + ? > q.permits, 1, 0)) DIV 2, ?, ?, 2, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? AND q.permits = ? FOR UPDATE)
 UNION ALL
-(SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, 0, '1970-01-01 00:00:00' FROM {ticket} t
-WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
-  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))
-  AND (SELECT COALESCE(SUM(mt.weight), 0) FROM {ticket} mt JOIN {lease} ml ON ml.id = mt.holder
-       WHERE mt.name = t.name AND ml.expires_at > UTC_TIMESTAMP(6)) + ? > ?
+(` + semMarkerSQL + ` AND ` + semWeightsT + ` > ?
 ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
+UNION ALL
+(` + semMarkerSQL + ` AND ` + semWeightsT + ` <= ? AND ` + semWeightsT + ` + ? > ?
+ORDER BY t.seq LIMIT 1 FOR UPDATE)
 ` + markerUpsert
+
+	// semMarkerSQL is a marker behind a live ticket of a name, for
+	// qSemInsert. Args: name.
+	semMarkerSQL = `SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, 0, '1970-01-01 00:00:00' FROM {ticket} t
+WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
+  AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))`
+
+	// semWeightsT: the weights of the live tickets of the name of ticket t.
+	semWeightsT = `(SELECT COALESCE(SUM(mt.weight), 0) FROM {ticket} mt JOIN {lease} ml ON ml.id = mt.holder
+       WHERE mt.name = t.name AND ml.expires_at > UTC_TIMESTAMP(6))`
 
 	// qTicketInsertAlone is qTicketInsert without the marker: the enqueue
 	// of a name that the session has not found busy (see tickets.busy),

@@ -550,6 +550,56 @@ func TestSemaphoreOtherHolderReleaseSeen(t *testing.T) {
 	}
 }
 
+// TestSemaphoreFirstWaiterMarker: the first waiter blocks on the oldest
+// holder's doorbell, and its enqueue leaves its marker (which makes that
+// holder's release ring) behind the oldest holder's ticket, not behind
+// the nearest one: no marker statement of its own before it blocks, and
+// no ring for nobody when the nearest holder releases.
+func TestSemaphoreFirstWaiterMarker(t *testing.T) {
+	const markerBase = 1 << 62
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	key := semaphoreKey(name)
+	ms := semaphores(t, name, 2, 3)
+	for i, m := range ms[:2] {
+		if err := m.Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		waitRows(t, db, 10*time.Second, i+1, semTickets, key)
+	}
+	var oldest int64
+	if err := db.QueryRow(`SELECT MIN(seq) FROM dsync_ticket WHERE name = ? AND holder <> 0`, key).Scan(&oldest); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	got := acquireAsync(waitCtx, t, ms[2], 1, 3)
+	defer func() {
+		cancel()
+		<-got
+	}()
+	time.Sleep(500 * time.Millisecond) // the waiter blocks on a doorbell
+	rows, err := db.Query(`SELECT seq - ? FROM dsync_ticket WHERE name = ? AND seq >= ? ORDER BY seq`, int64(markerBase), key, int64(markerBase))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var behind []int64
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		behind = append(behind, seq)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(behind) != 1 || behind[0] != oldest {
+		t.Errorf("markers behind tickets: got %v; want one, behind the oldest holder's ticket %d", behind, oldest)
+	}
+}
+
 // releaseWakes: two sessions hold one of 2 permits each, a third waits for
 // one; holder which (0 the oldest, 1 the other) releases, and the waiter
 // must be granted within limit.

@@ -235,7 +235,8 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			var res sql.Result
 			switch {
 			case wt.mode == modeWeighted:
-				res, err = t.st.exec(ctx, sSemInsert, wt.weight, t.id, token, wt.weight, name, wt.limit, name, wt.weight, wt.limit)
+				res, err = t.st.exec(ctx, sSemInsert, wt.weight, t.id, token, wt.weight, name, wt.limit,
+					name, wt.limit, name, wt.limit, wt.weight, wt.limit)
 			case mark:
 				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
 			default:
