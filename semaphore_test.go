@@ -691,11 +691,6 @@ const (
 func TestOldLocksNeverTakeASemaphoreName(t *testing.T) {
 	bg := context.Background()
 	db := dbtest.Open(t)
-	c, err := db.Conn(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
 	name := lockName(t)
 	ms := semaphores(t, name, 2, 2)
 	if err := ms[0].Acquire(bg, 1); err != nil {
@@ -704,7 +699,7 @@ func TestOldLocksNeverTakeASemaphoreName(t *testing.T) {
 	old := newSession(t).ID() // a live lease, as the old process's
 	const token = 7
 
-	res, err := c.ExecContext(bg, oldMutexAcquire, name, old, token, old, -old, token, 0, old)
+	res, err := db.ExecContext(bg, oldMutexAcquire, name, old, token, old, -old, token, 0, old)
 	var fence int64
 	if err == nil {
 		fence, err = res.LastInsertId()
@@ -713,21 +708,21 @@ func TestOldLocksNeverTakeASemaphoreName(t *testing.T) {
 		t.Fatalf("the old Mutex statement on a Semaphore's name: got %d, %v; want error 1690", fence, err)
 	}
 
-	res, err = c.ExecContext(bg, oldQueueTake, -old, token, old, name)
+	res, err = db.ExecContext(bg, oldQueueTake, -old, token, old, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := res.LastInsertId(); got != 0 {
 		t.Fatalf("the old FairMutex take of the head slot: got %d; want 0 (no line of the name)", got)
 	}
-	res, err = c.ExecContext(bg, oldTicketInsertAlone, 1, old, token, 1, name)
+	res, err = db.ExecContext(bg, oldTicketInsertAlone, 1, old, token, 1, name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := res.RowsAffected(); got != 0 {
 		t.Fatalf("the old FairMutex enqueue: got %d tickets; want 0 (no line of the name)", got)
 	}
-	tx, err := c.BeginTx(bg, nil)
+	tx, err := db.BeginTx(bg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
