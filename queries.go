@@ -225,8 +225,8 @@ const qCreateTxLock = `CREATE TABLE IF NOT EXISTS {txlock} (
 // version 5 had no held_since columns (lock, queue, ticket), which
 // ListLocks reads (qUpgradeFrom5 upgrades version 5 in place); version 6
 // had no Semaphore columns (lock.permits, queue.permits, ticket.weight),
-// so its code would take a semaphore's line for a FairMutex's
-// (qUpgradeFrom6 upgrades version 6 in place).
+// which a Semaphore's statements need (qUpgradeFrom6 upgrades version 6
+// in place; its code never takes a Semaphore's name, see there).
 const schemaVersion = 7
 
 // qUpgradeFrom5 upgrades tables of schema version 5 to this version in
@@ -1272,28 +1272,28 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = VALUES(kind) AND permits = VALUES(perm
 // in the queue and ticket tables under its queue key: N with the byte 0xFF
 // before it (see "Queue keys"), so that no FairMutex or RWMutex, of this
 // version or an older one, ever reads or takes an Election's rows: their
-// statements do not read the lock row's kind once the queue row exists. N itself is bound to the Election in the lock table, kind 4
-// (qQueueBind, see "One name, one kind"), so that a Mutex, FairMutex
-// or RWMutex of the name gets ErrOtherKind, and an Election of a name
-// they use gets it too. Why 4 and not 2 (and 5, not 3, for a Semaphore,
-// which has the same hazards): the Mutex statement of schema version 6
-// (qLockAcquire) answered LAST_INSERT_ID(kind * otherKind) for a row of
-// another kind, and only 1 * otherKind was its refusal; with 2 or 3 it answered a positive number, which that code
-// took for a fence: a Mutex held without a row. From 4 on the product
-// overflows a BIGINT, and that code gets error 1690 instead (not
-// retried: its Lock returns it), so a process of that version never
+// statements do not read the lock row's kind once the queue row exists. N
+// itself is bound to the Election in the lock table, kind 4 (qQueueBind,
+// see "One name, one kind"), so that a Mutex, FairMutex or RWMutex of the
+// name gets ErrOtherKind, and an Election of a name they use gets it too.
+// Why 4 and not 2 (and 5, not 3, for a Semaphore, which has the same
+// hazards): the Mutex statement of schema version 6 (qLockAcquire) answered
+// LAST_INSERT_ID(kind * otherKind) for a row of another kind, and only 1 *
+// otherKind was its refusal; with 2 or 3 it answered a positive number,
+// which that code took for a fence: a Mutex held without a row. From 4 on
+// the product overflows a BIGINT, and that code gets error 1690 instead
+// (not retried: its Lock returns it), so a process of that version never
 // takes an Election's name for its own. Its FairMutex and RWMutex refuse
-// the name at their bind (qQueueBind answers otherKind for any kind but
-// 1). Its sweep treats the lock row of kind 4 or 5 as free while the name
-// has no queue row of its own (an Election's and a Semaphore's are under
-// their queue keys), and may delete it: then, with processes of both
-// versions at work, another kind may bind the name while an Election or
-// Semaphore runs under its queue key; the two never share a row, so
-// neither's guarantees depend on it (a Semaphore's limit stays checked
-// by its queue row's permits). Its value is in the leader table (qCreateLeader),
-// written by the leader only while it holds (qLeaderRecord,
-// qLeaderProclaim) and read together with the hold in one statement
-// (qLeaderRead).
+// the name at their bind (qQueueBind answers otherKind for any kind but 1).
+// Its sweep treats the lock row of kind 4 or 5 as free while the name has
+// no queue row of its own (an Election's and a Semaphore's are under their
+// queue keys), and may delete it: then, with processes of both versions at
+// work, another kind may bind the name while an Election or Semaphore runs
+// under its queue key; the two never share a row, so neither's guarantees
+// depend on it (a Semaphore's limit stays checked by its queue row's
+// permits). Its value is in the leader table (qCreateLeader), written by
+// the leader only while it holds (qLeaderRecord, qLeaderProclaim) and read
+// together with the hold in one statement (qLeaderRead).
 const (
 	// qCreateLeader creates the leader table: one row per election name
 	// and session that leads or led it, written by the leader once it
