@@ -49,6 +49,10 @@ type localQueue struct {
 	// are served first in, first out).
 	enq chan struct{}
 
+	// release serializes a Semaphore's Releases of the name in this
+	// session, so that each counts the permits the one before left.
+	release sync.Mutex
+
 	mu   sync.Mutex
 	line []*waiter // guarded by mu; local waiters in ticket order; line[0] polls
 

@@ -3,6 +3,7 @@ package dsync
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -140,10 +141,15 @@ func (m *Semaphore) TryAcquireFence(ctx context.Context, n int64) (int64, error)
 // [ErrInvalidPermits] for n of 0 or less, [ErrReleaseExceedsHeld] (which
 // wraps [ErrNotHeld]) when the session holds fewer than n permits of the
 // name, releasing nothing then, the session's error when it has ended
-// (its permits ended with it), or a database error: then the permits are
-// released as far as the session could (an acquisition released whole is
-// removed by the session in the background; one released in part keeps
-// its whole weight until the rest of it is released or the session ends).
+// (its permits ended with it), ctx's error or a database error. After
+// such an error the count is applied whole or not at all. When n ends
+// within an acquisition, which keeps the rest, that acquisition's change
+// comes first, and if it fails Release has released none of the n
+// permits: they are still held, and the caller may call Release again
+// (or let them end with the session). Otherwise all n are released: the
+// acquisitions released whole that the session could not remove at once
+// it removes in the background (the error says so), and the caller must
+// not call Release for them again, which would release other permits.
 func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	q := m.q.on(m.q.s.current())
 	if err := m.check(n, false); err != nil {
@@ -153,6 +159,8 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	if lq == nil {
 		return m.exceeds(q, n, 0)
 	}
+	lq.release.Lock() // one Release at a time: each counts from the last
+	defer lq.release.Unlock()
 	lq.mu.Lock()
 	var held int64
 	for _, h := range lq.permits {
@@ -163,26 +171,41 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 		return m.exceeds(q, n, held)
 	}
 	// The latest acquisitions first: a waiter waits for the nearest ticket
-	// ahead of it, the latest of this session's that are ahead.
+	// ahead of it, the latest of this session's that are ahead. The count
+	// changes only once the database has it (the shrink first: a failed
+	// one leaves everything held, so the call can be made again).
 	var gone []*permitHold
 	var part *permitHold
 	var partWeight int64
-	for left := n; left > 0; {
-		h := lq.permits[len(lq.permits)-1]
+	for i, left := len(lq.permits)-1, n; left > 0; i-- {
+		h := lq.permits[i]
 		if h.weight <= left {
 			left -= h.weight
-			lq.permits = lq.permits[:len(lq.permits)-1]
 			gone = append(gone, h)
 			continue
 		}
-		h.weight -= left
-		part, partWeight, left = h, h.weight, 0
+		part, partWeight, left = h, h.weight-left, 0
 	}
 	lq.mu.Unlock()
-	var err error
 	if part != nil {
-		err = q.shrink(ctx, lq, part, partWeight)
+		if err := q.shrink(ctx, lq, part, partWeight); err != nil {
+			return err
+		}
 	}
+	lq.mu.Lock()
+	if part != nil {
+		part.weight = partWeight
+	}
+	kept := lq.permits[:0]
+	for _, h := range lq.permits {
+		if !slices.Contains(gone, h) {
+			kept = append(kept, h)
+		}
+	}
+	clear(lq.permits[len(kept):])
+	lq.permits = kept
+	lq.mu.Unlock()
+	var err error
 	for _, h := range gone {
 		if rerr := q.release(ctx, lq, h.ticket, h.token, "release"); err == nil {
 			err = rerr

@@ -281,6 +281,47 @@ func TestSemaphorePartialRelease(t *testing.T) {
 	waitRows(t, db, 10*time.Second, 0, semTickets, semaphoreKey(name))
 }
 
+// TestSemaphoreFailedReleaseRetried: a partial Release that failed (its
+// ctx ended) released nothing, so calling it again releases the permits
+// once: another session then gets only what is left of the limit.
+func TestSemaphoreFailedReleaseRetried(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	ms := semaphores(t, name, 5, 2)
+	a, b := ms[0], ms[1]
+	if err := a.Acquire(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	weight := `SELECT COALESCE(SUM(weight), 0) FROM dsync_ticket WHERE name = ? AND holder <> 0`
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := a.Release(cctx, 2); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release(2) with an ended ctx: got %v; want context.Canceled", err)
+	}
+	if got := countRows(t, db, weight, semaphoreKey(name)); got != 5 {
+		t.Fatalf("weight held after the failed Release: got %d; want 5", got)
+	}
+	if err := a.Release(ctx, 2); err != nil {
+		t.Fatalf("Release(2) again: got %v; want nil", err)
+	}
+	if got := countRows(t, db, weight, semaphoreKey(name)); got != 3 {
+		t.Fatalf("weight held after Release(2) of 5, retried once: got %d; want 3", got)
+	}
+	if ok, err := b.TryAcquire(ctx, 3); ok || err != nil {
+		t.Fatalf("TryAcquire(3) while 3 of 5 are held: got %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
+		t.Fatalf("TryAcquire(2) while 3 of 5 are held: got %v, %v; want true, nil", ok, err)
+	}
+	if err := a.Release(ctx, 3); err != nil {
+		t.Fatalf("Release(3) of the 3 left: got %v; want nil", err)
+	}
+	if err := a.Release(ctx, 1); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
+		t.Fatalf("Release(1) holding none: got %v; want ErrReleaseExceedsHeld", err)
+	}
+}
+
 // TestSemaphoreMisuse: bad names, limits and counts get their sentinel
 // errors, from every method, without a statement's effect.
 func TestSemaphoreMisuse(t *testing.T) {
