@@ -38,7 +38,8 @@ import (
 // name is bound, that is, while any session holds or waits for it, and
 // until the clean-up deletes its idle rows ([WithFreeRowAge]). A
 // Semaphore of the name with another limit gets [ErrLimitMismatch] from
-// every call and holds nothing: two processes never count the same
+// every call (from Release, when its session holds permits of the name)
+// and holds nothing, nor releases any: two processes never count the same
 // permits against different limits. To change a limit, stop every use of
 // the name with the old one, and let its rows be cleaned up (or use
 // another name).
@@ -138,7 +139,9 @@ func (m *Semaphore) TryAcquireFence(ctx context.Context, n int64) (int64, error)
 // acquired by any of its goroutines, and lets the waiters that fit in. It
 // releases the latest acquisitions first; an acquisition released in part
 // keeps the rest of its permits, and its fence. It returns
-// [ErrInvalidPermits] for n of 0 or less, [ErrReleaseExceedsHeld] (which
+// [ErrInvalidPermits] for n of 0 or less, [ErrLimitMismatch] when the
+// session's permits of the name were acquired with another limit (the
+// name's), releasing nothing, [ErrReleaseExceedsHeld] (which
 // wraps [ErrNotHeld]) when the session holds fewer than n permits of the
 // name, releasing nothing then, the session's error when it has ended
 // (its permits ended with it), ctx's error or a database error. After
@@ -165,6 +168,11 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	var held int64
 	for _, h := range lq.permits {
 		held += h.weight
+	}
+	if len(lq.permits) > 0 && lq.permits[0].limit != m.limit {
+		limit := lq.permits[0].limit
+		lq.mu.Unlock()
+		return opErrorf(ErrLimitMismatch, "release %q: limit %d, the name's %d", q.lockName, m.limit, limit)
 	}
 	if held < n {
 		lq.mu.Unlock()
@@ -274,7 +282,7 @@ func (m *Semaphore) acquireOn(ctx context.Context, c *call, q *queued, n int64, 
 		return 0, q.wrap("acquire", err)
 	}
 	lq.mu.Lock()
-	lq.permits = append(lq.permits, &permitHold{ticket: w.ticket, token: w.token, weight: n})
+	lq.permits = append(lq.permits, &permitHold{ticket: w.ticket, token: w.token, weight: n, limit: m.limit})
 	lq.mu.Unlock()
 	return fence, nil // the reference now belongs to the hold
 }
@@ -294,6 +302,7 @@ const semHeadWait = time.Second
 type permitHold struct {
 	ticket, token int64
 	weight        int64 // permits it holds now (Release may take part of them)
+	limit         int64 // the name's limit, which its Semaphore had
 }
 
 // shrink gives back part of the hold h, which keeps weight permits

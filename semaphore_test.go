@@ -434,6 +434,30 @@ func TestSemaphoreLimitMismatch(t *testing.T) {
 	}
 }
 
+// TestSemaphoreReleaseLimitMismatch: a Semaphore of the session's name
+// with another limit gets ErrLimitMismatch from Release too, and releases
+// none of the permits the name's Semaphore acquired.
+func TestSemaphoreReleaseLimitMismatch(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	s := newSession(t)
+	name := lockName(t)
+	two := dsync.NewSemaphore(s, name, 2)
+	three := dsync.NewSemaphore(s, name, 3)
+	if err := two.Acquire(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := three.Release(ctx, 2); !errors.Is(err, dsync.ErrLimitMismatch) {
+		t.Fatalf("Release of limit 3 on a name of limit 2: got %v; want ErrLimitMismatch", err)
+	}
+	if got := countRows(t, db, semTickets, semaphoreKey(name)); got != 1 {
+		t.Fatalf("tickets after the refused Release: got %d; want 1", got)
+	}
+	if err := two.Release(ctx, 2); err != nil {
+		t.Fatalf("Release(2) of limit 2: got %v; want nil", err)
+	}
+}
+
 // TestSemaphoreOtherKind: a name is one lock: a Semaphore's calls on a
 // FairMutex's name return ErrOtherKind, and so do the other kinds' on a
 // Semaphore's name, whether or not its line exists.
