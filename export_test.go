@@ -101,6 +101,15 @@ func CheckWoken(ctx context.Context, s *Session, name string, ticket int64, excl
 	return s.current().tickets.checkTicket(ctx, nil, name, w, false)
 }
 
+// SemTake runs session s's turn check of a Semaphore's waiting ticket
+// with ticket number ticket in the line of queue key key (qSemTake), for a
+// name of limit permits: 1 and no fence when it does not hold, else 0 and
+// the fence it took.
+func SemTake(ctx context.Context, s *Session, key string, ticket, limit int64) (ahead, fence int64, err error) {
+	w := &waiter{ticket: ticket, want: want{mode: modeWeighted, limit: limit}}
+	return s.current().tickets.checkTicket(ctx, nil, key, w, false)
+}
+
 // TicketAhead runs session s's read of whom a waiting ticket of name waits
 // for (qTicketAhead): the nearest conflicting live ticket ahead (0: the
 // head slot's holder), and whether a marker is behind it; sql.ErrNoRows

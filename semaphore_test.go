@@ -217,6 +217,53 @@ func TestSemaphoreNoBarging(t *testing.T) {
 	}
 }
 
+// TestSemaphoreTakeStatement runs the take (qSemTake) directly, on a
+// name of limit 3 where a holds 1, b waits for 3 and c for 1, in that
+// order: b's own weight counts (1 + 3 > 3), and c, small enough for the
+// free permits, does not overtake b. Once a's lease has ended, its weight
+// no longer counts: b takes, and c still waits, now behind a live holder.
+func TestSemaphoreTakeStatement(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	key := semaphoreKey(name)
+	sa, sb, sc := newSession(t), newSession(t), newSession(t)
+	if err := dsync.NewSemaphore(sa, name, 3).Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	gotB := acquireAsync(wctx, t, dsync.NewSemaphore(sb, name, 3), 3, 2)
+	gotC := acquireAsync(wctx, t, dsync.NewSemaphore(sc, name, 3), 1, 3)
+	t.Cleanup(func() { cancel(); <-gotB; <-gotC })
+	seq := func(s *dsync.Session) int64 {
+		return int64(countRows(t, db, `SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, key, s.ID()))
+	}
+	ta, tb, tc := seq(sa), seq(sb), seq(sc)
+	if !(ta < tb && tb < tc) {
+		t.Fatalf("tickets a, b, c: got %d, %d, %d; want them in that order", ta, tb, tc)
+	}
+	take := func(what string, s *dsync.Session, ticket int64, wantTake bool) {
+		t.Helper()
+		ahead, fence, err := dsync.SemTake(ctx, s, key, ticket, 3)
+		switch {
+		case err != nil:
+			t.Fatalf("%s: take: %v", what, err)
+		case wantTake && (ahead != 0 || fence <= 0):
+			t.Errorf("%s: take: got ahead %d, fence %d; want 0 and a fence", what, ahead, fence)
+		case !wantTake && (ahead == 0 || fence != 0):
+			t.Errorf("%s: take: got ahead %d, fence %d; want ahead, no fence", what, ahead, fence)
+		}
+	}
+	take("a, holding 1 of 3", sa, ta, true)
+	take("b, 3 behind a live holder of 1 (its own weight counts)", sb, tb, false)
+	take("c, 1 behind b waiting for 3, 2 permits free", sc, tc, false)
+	if _, err := db.Exec("UPDATE dsync_lease SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = ?", sa.ID()); err != nil {
+		t.Fatal(err)
+	}
+	take("b, 3 behind a's ended lease", sb, tb, true)
+	take("c, 1 behind b holding 3", sc, tc, false)
+}
+
 // TestSemaphoreTryAcquire: TryAcquire takes free permits, returns false
 // without a ticket left behind when they are not free, and takes them
 // again once released.
