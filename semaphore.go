@@ -75,7 +75,13 @@ import (
 // second at a time and then checks its turn: it sees any holder's release
 // within about a second, at about three statements a second (a check, a
 // read of whom to block on, the block) for the first waiter alone; the
-// waiters behind it do not poll. Where there are no
+// waiters behind it do not poll. When the oldest holder is of the first
+// waiter's own session (another of its goroutines holds), the waiter
+// cannot block on it (a session never blocks on its own doorbell): its
+// session's releases wake it in the process at once, and it sees another
+// session's release by polling, 100 ms after its last check at first,
+// doubling up to a second: about two statements a second (a check, a
+// read of whom to block on) once the pace has grown. Where there are no
 // doorbells (a Galera cluster, a *sql.DB with a connection limit below 8)
 // waiters poll within the polling budget, as a FairMutex's do.
 type Semaphore struct {
@@ -116,6 +122,15 @@ func (m *Semaphore) Acquire(ctx context.Context, n int64) error {
 // AcquireFence is [Semaphore.Acquire] that also returns the acquisition's
 // fence: strictly greater than the fence of every earlier acquisition of
 // the name (see [Mutex.Fence] for what fences are for).
+//
+// The acquisition, and so its fence, belongs to the session, not to the
+// goroutine that made it: [Semaphore.Release], from any goroutine,
+// releases the session's latest acquisitions first, so a goroutine that
+// goes on with its fence may find that another goroutine's Release has
+// ended its acquisition (and left an earlier one, of another fence,
+// held). Goroutines that each need their own fence to stay valid until
+// they release use a Semaphore on a session each, or release in the
+// reverse order of their acquisitions.
 func (m *Semaphore) AcquireFence(ctx context.Context, n int64) (int64, error) {
 	return m.acquire(ctx, n, true)
 }
