@@ -110,6 +110,16 @@ func SemTake(ctx context.Context, s *Session, key string, ticket, limit int64) (
 	return s.current().tickets.checkTicket(ctx, nil, key, w, false)
 }
 
+// SemAhead runs session s's read of whom a Semaphore's waiting ticket
+// with ticket number ticket in the line of queue key key waits for
+// (qSemAhead), for a name of limit permits: the ticket it blocks on, and
+// whether it is the first waiter behind several holders.
+func SemAhead(ctx context.Context, s *Session, key string, ticket, limit int64) (seq int64, several bool, err error) {
+	w := &waiter{ticket: ticket, want: want{mode: modeWeighted, limit: limit}}
+	seq, _, _, _, several, err = s.current().tickets.ticketAhead(ctx, key, w)
+	return seq, several, err
+}
+
 // TicketAhead runs session s's read of whom a waiting ticket of name waits
 // for (qTicketAhead): the nearest conflicting live ticket ahead (0: the
 // head slot's holder), and whether a marker is behind it; sql.ErrNoRows

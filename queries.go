@@ -745,19 +745,21 @@ ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
 	// first marker SELECT); else they all hold, the new ticket is the
 	// first waiter, and it goes behind the oldest (the second). Each
 	// SELECT reads the line in its own order and locks the one ticket it
-	// takes. Args: weight, lease id, token, weight, name, limit, name,
-	// limit, name, limit, weight, limit. LastInsertId as qTicketInsert's;
-	// 0 also when the row has other permits (a semaphore of another limit:
-	// createQueueRow says so).
+	// takes; the sums (semWeights) name the name by argument, so each is
+	// computed once, not once per ticket read (MySQL has no subquery
+	// cache). Args: name, weight, lease id, token, weight, name, limit,
+	// name, name, limit, name, name, limit, name, weight, limit.
+	// LastInsertId as qTicketInsert's; 0 also when the row has other
+	// permits (a semaphore of another limit: createQueueRow says so).
 	qSemInsert = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since)
 (SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
-       + IF(` + semWeightsQ + ` + ? > q.permits, 1, 0)) DIV 2, ?, ?, 2, ?, UTC_TIMESTAMP(6)
+       + IF(` + semWeights + ` + ? > q.permits, 1, 0)) DIV 2, ?, ?, 2, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? AND q.permits = ? FOR UPDATE)
 UNION ALL
-(` + semMarkerSQL + ` AND ` + semWeightsT + ` > ?
+(` + semMarkerSQL + ` AND ` + semWeights + ` > ?
 ORDER BY t.seq DESC LIMIT 1 FOR UPDATE)
 UNION ALL
-(` + semMarkerSQL + ` AND ` + semWeightsT + ` <= ? AND ` + semWeightsT + ` + ? > ?
+(` + semMarkerSQL + ` AND ` + semWeights + ` <= ? AND ` + semWeights + ` + ? > ?
 ORDER BY t.seq LIMIT 1 FOR UPDATE)
 ` + markerUpsert
 
@@ -766,10 +768,6 @@ ORDER BY t.seq LIMIT 1 FOR UPDATE)
 	semMarkerSQL = `SELECT t.name, t.seq + ` + markerBaseSQL + `, 0, t.holder, 0, 0, '1970-01-01 00:00:00' FROM {ticket} t
 WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = t.holder AND l.expires_at > UTC_TIMESTAMP(6))`
-
-	// semWeightsT: the weights of the live tickets of the name of ticket t.
-	semWeightsT = `(SELECT COALESCE(SUM(mt.weight), 0) FROM {ticket} mt JOIN {lease} ml ON ml.id = mt.holder
-       WHERE mt.name = t.name AND ml.expires_at > UTC_TIMESTAMP(6))`
 
 	// qTicketInsertAlone is qTicketInsert without the marker: the enqueue
 	// of a name that the session has not found busy (see tickets.busy),
@@ -820,10 +818,10 @@ WHERE name = ?`
 	qTicketAdd = `INSERT INTO {ticket} (name, seq, holder, token, mode, weight, held_since) VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6))`
 
 	// qSemNumber is qTicketNumber for a Semaphore's ticket, with the rule
-	// of qSemInsert. Args: weight, name, limit. qTicketAdd follows it, with
-	// mode 2 and the weight.
+	// of qSemInsert. Args: name, weight, name, limit. qTicketAdd follows
+	// it, with mode 2 and the weight.
 	qSemNumber = `UPDATE {queue} SET seq = LAST_INSERT_ID(2 * (` + ticketNumberQueue + `)
-  + IF(` + semWeightsQueue + ` + ? > permits, 1, 0)) DIV 2
+  + IF(` + semWeights + ` + ? > permits, 1, 0)) DIV 2
 WHERE name = ? AND permits = ?`
 
 	// qTicketTake takes the lock for an exclusive ticket when no live ticket
@@ -851,7 +849,7 @@ WHERE name = ?`
 
 	// qSemTake takes a fence for a Semaphore's ticket when it holds: when
 	// the weights of the live tickets up to and including it add up to at
-	// most the limit (the prefix rule). Args: ticket, name, limit.
+	// most the limit (the prefix rule). Args: name, ticket, name, limit.
 	// LastInsertId as qTicketTake's (0 also for a row of other permits,
 	// see qSemInsert). Once a ticket holds, it holds until it goes: the
 	// tickets ahead of it only go (or shrink, qSemShrink), later ones are
@@ -862,8 +860,7 @@ WHERE name = ?`
 	// take adds one to the name's fence, under the row's lock, so the
 	// holders' fences are strictly increasing in the order of their takes.
 	qSemTake = `UPDATE {queue} SET
-  fence = IF((SELECT COALESCE(SUM(t.weight), 0) FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-              WHERE t.name = {queue}.name AND t.seq <= ? AND l.expires_at > UTC_TIMESTAMP(6)) > permits,
+  fence = IF((SELECT COALESCE(SUM(st.weight), 0)` + semLive + ` AND st.seq <= ?) > permits,
              fence + 0 * LAST_INSERT_ID(` + notAtHeadSQL + `), LAST_INSERT_ID(fence + 1))
 WHERE name = ? AND permits = ?`
 
@@ -991,8 +988,8 @@ WHERE name = ? AND holder = ? AND token = ?`
 	qTicketTakeWoken = qTicketTake + wokenCond
 
 	// qSemTakeWoken is qSemTake for a waiter that a doorbell woke, as
-	// qTicketTakeWoken is qTicketTake. Args: ticket, name, limit, the
-	// ticket waited behind.
+	// qTicketTakeWoken is qTicketTake. Args: name, ticket, name, limit,
+	// the ticket waited behind.
 	qSemTakeWoken = qSemTake + wokenCond
 
 	// wokenCond is the condition of the woken takes: a share lock on the
@@ -1075,16 +1072,38 @@ FROM {ticket} t JOIN {lease} l ON l.id = t.holder`
 	// so a sixth column says that the waiter is that first waiter and
 	// more than one live ticket, all holding, is ahead of it: then it
 	// blocks for at most semHeadWait at a time (see Semaphore, "Waking").
-	// Args: limit, ticket, name, ticket, ticket, limit. Results as
-	// qTicketAhead's, and that flag; no row: nothing live is ahead.
-	qSemAhead = ticketAheadCols + `,
-  (SELECT COALESCE(SUM(h.weight), 0) <= ? AND COUNT(*) > 1 FROM {ticket} h JOIN {lease} hl ON hl.id = h.holder
-   WHERE h.name = t.name AND h.seq < ? AND hl.expires_at > UTC_TIMESTAMP(6))` + ticketAheadFrom + `
+	// One branch or the other finds it, each from its end of the line,
+	// and share-locks only the first live ticket it reads (the IF keeps
+	// the other branch from locking any: an AND may be evaluated in any
+	// order); the weights ahead name the name by argument, so they are
+	// summed once, not once per ticket read. Args: name, ticket, name,
+	// ticket, limit, name, ticket, name, ticket, name, ticket, limit.
+	// Results as qTicketAhead's, and that flag; no row: nothing live is
+	// ahead.
+	qSemAhead = `(` + ticketAheadCols + `, FALSE` + semAheadFrom + `
 WHERE t.name = ? AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)
-  AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
-ORDER BY IF((SELECT COALESCE(SUM(a.weight), 0) FROM {ticket} a JOIN {lease} al ON al.id = a.holder
-             WHERE a.name = t.name AND a.seq < ? AND al.expires_at > UTC_TIMESTAMP(6)) > ?, t.seq, -t.seq) DESC
-LIMIT 1`
+  AND IF(` + semWeightsAhead + ` > ?, ` + semAheadLocked + `, FALSE)
+ORDER BY t.seq DESC LIMIT 1)
+UNION ALL
+(` + ticketAheadCols + `, (SELECT COUNT(*) > 1` + semLive + ` AND st.seq < ?)` + semAheadFrom + `
+WHERE t.name = ? AND t.seq < ? AND l.expires_at > UTC_TIMESTAMP(6)
+  AND IF(` + semWeightsAhead + ` <= ?, ` + semAheadLocked + `, FALSE)
+ORDER BY t.seq LIMIT 1)`
+
+	// semAheadFrom is ticketAheadFrom with the lease read by its key, so
+	// that the line is read in its order up to the first ticket that
+	// matches: a join buffer (which a small lease table invites) would
+	// read, and share-lock, every ticket ahead and sort them.
+	semAheadFrom = `
+FROM {ticket} t JOIN {lease} l FORCE INDEX (PRIMARY) ON l.id = t.holder`
+
+	// semWeightsAhead: the weights of the live tickets of a name ahead of
+	// a ticket. Args: name, ticket.
+	semWeightsAhead = `(SELECT COALESCE(SUM(st.weight), 0)` + semLive + ` AND st.seq < ?)`
+
+	// semAheadLocked: ticket t, share-locked, so that the read waits for a
+	// release of it under way (see qTicketAhead).
+	semAheadLocked = `(SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0`
 
 	// qTicketWant leaves a marker behind a ticket (seq ticket + markerBase,
 	// holder 0, never live, and above every ticket number, so every check
@@ -1177,13 +1196,16 @@ const (
 	ticketNumberQueue = `GREATEST(seq,
   COALESCE((SELECT MAX(t.seq) FROM {ticket} t WHERE t.name = {queue}.name AND t.seq < ` + markerBaseSQL + `), 0)) + 1`
 
-	// semWeightsQ and semWeightsQueue: the weights of the live tickets of
-	// the name, which are all ahead of one being numbered (markers have
-	// no lease).
-	semWeightsQ = `(SELECT COALESCE(SUM(st.weight), 0) FROM {ticket} st JOIN {lease} sl ON sl.id = st.holder
-          WHERE st.name = q.name AND sl.expires_at > UTC_TIMESTAMP(6))`
-	semWeightsQueue = `(SELECT COALESCE(SUM(st.weight), 0) FROM {ticket} st JOIN {lease} sl ON sl.id = st.holder
-          WHERE st.name = {queue}.name AND sl.expires_at > UTC_TIMESTAMP(6))`
+	// semLive: the live tickets of a name (markers have no lease), named
+	// by argument, not by the statement's row, so that a sum over them is
+	// computed once per statement (a correlated subquery runs once per
+	// row, as MySQL has no subquery cache); every sum of a Semaphore's
+	// weights reads them through it. Args: name.
+	semLive = ` FROM {ticket} st STRAIGHT_JOIN {lease} sl ON sl.id = st.holder
+          WHERE st.name = ? AND sl.expires_at > UTC_TIMESTAMP(6)`
+	// semWeights: the weights of the live tickets of a name, which are all
+	// ahead of one being numbered. Args: name.
+	semWeights = `(SELECT COALESCE(SUM(st.weight), 0)` + semLive + `)`
 
 	// markerUpsert ends the enqueues' insert of a marker (see
 	// qTicketInsert).

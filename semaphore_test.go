@@ -264,6 +264,60 @@ func TestSemaphoreTakeStatement(t *testing.T) {
 	take("c, 1 behind b holding 3", sc, tc, false)
 }
 
+// TestSemaphoreAheadLocksOnlyItsTicket: the read of whom a waiter blocks
+// on (qSemAhead) share-locks only the ticket it picks, so a row lock on
+// another ticket ahead (here another transaction's) does not hold it up:
+// behind more than the limit it picks the nearest ticket, else the
+// oldest, whichever the locked one is not.
+func TestSemaphoreAheadLocksOnlyItsTicket(t *testing.T) {
+	ctx := context.Background()
+	db := dbtest.Open(t)
+	name := lockName(t)
+	key := semaphoreKey(name)
+	sa, sb, sc := newSession(t), newSession(t), newSession(t)
+	for _, s := range []*dsync.Session{sa, sb} {
+		if err := dsync.NewSemaphore(s, name, 2).Acquire(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	gotC := acquireAsync(wctx, t, dsync.NewSemaphore(sc, name, 2), 1, 3)
+	t.Cleanup(func() { cancel(); <-gotC })
+	seq := func(s *dsync.Session) int64 {
+		return int64(countRows(t, db, `SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, key, s.ID()))
+	}
+	ta, tb, tc := seq(sa), seq(sb), seq(sc)
+	tests := []struct {
+		what           string
+		locked, ticket int64
+		want           int64
+		several        bool
+	}{
+		{"behind a, b holding and c waiting, a locked", ta, tc + 1, tc, false},
+		{"c behind a and b holding, b locked", tb, tc, ta, true},
+	}
+	for _, tt := range tests {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := countRows(t, db, `SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND seq = ?`, key, tt.locked); got != 1 {
+			t.Fatalf("%s: the ticket to lock: got %d rows; want 1", tt.what, got)
+		}
+		var one int
+		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM dsync_ticket WHERE name = ? AND seq = ? FOR UPDATE`, key, tt.locked).Scan(&one); err != nil {
+			t.Fatal(err)
+		}
+		got, several, err := dsync.SemAhead(ctx, sc, key, tt.ticket, 2)
+		if rerr := tx.Rollback(); rerr != nil {
+			t.Fatal(rerr)
+		}
+		if err != nil || got != tt.want || several != tt.several {
+			t.Errorf("%s: qSemAhead: got %d, %v, %v; want %d, %v, <nil>", tt.what, got, several, err, tt.want, tt.several)
+		}
+	}
+}
+
 // TestSemaphoreTryAcquire: TryAcquire takes free permits, returns false
 // without a ticket left behind when they are not free, and takes them
 // again once released.

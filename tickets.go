@@ -235,8 +235,8 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			var res sql.Result
 			switch {
 			case wt.mode == modeWeighted:
-				res, err = t.st.exec(ctx, sSemInsert, wt.weight, t.id, token, wt.weight, name, wt.limit,
-					name, wt.limit, name, wt.limit, wt.weight, wt.limit)
+				res, err = t.st.exec(ctx, sSemInsert, name, wt.weight, t.id, token, wt.weight, name, wt.limit,
+					name, name, wt.limit, name, name, wt.limit, name, wt.weight, wt.limit)
 			case mark:
 				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
 			default:
@@ -276,7 +276,7 @@ func (t *tickets) insertTicketTx(ctx context.Context, name string, token int64, 
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		numberStmt, args := sTicketNumber, []any{wt.mode, name}
 		if wt.mode == modeWeighted {
-			numberStmt, args = sSemNumber, []any{wt.weight, name, wt.limit}
+			numberStmt, args = sSemNumber, []any{name, wt.weight, name, wt.limit}
 		}
 		next, err := c.Stmt(ctx, t.st.pool, int(numberStmt))
 		if err != nil {
@@ -383,9 +383,9 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 		var err error
 		switch {
 		case w.mode == modeWeighted && woken:
-			res, err = t.st.exec(ctx, sSemTakeWoken, w.ticket, name, w.limit, behind)
+			res, err = t.st.exec(ctx, sSemTakeWoken, name, w.ticket, name, w.limit, behind)
 		case w.mode == modeWeighted:
-			res, err = t.st.exec(ctx, sSemTake, w.ticket, name, w.limit)
+			res, err = t.st.exec(ctx, sSemTake, name, w.ticket, name, w.limit)
 		case woken:
 			res, err = t.st.exec(ctx, sTicketTakeWoken, w.ticket, name, behind)
 		default:
@@ -580,7 +580,8 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked, several bool, err error) {
 	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		if w.mode == modeWeighted {
-			return t.st.query(ctx, c, sSemAhead, []any{w.limit, w.ticket, name, w.ticket, w.ticket, w.limit},
+			return t.st.query(ctx, c, sSemAhead, []any{name, w.ticket, name, w.ticket, w.limit,
+				name, w.ticket, name, w.ticket, name, w.ticket, w.limit},
 				&seq, &ref.id, &ref.gen, &left, &marked, &several)
 		}
 		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked)
