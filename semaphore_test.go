@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,13 @@ func acquireAsync(ctx context.Context, t *testing.T, m *dsync.Semaphore, n int64
 	go func() { got <- m.Acquire(ctx, n) }()
 	waitRows(t, dbtest.Open(t), 10*time.Second, tickets, semTickets, semaphoreKey(m.Name()))
 	return got
+}
+
+// semTicket returns the number of session s's one ticket in the line of
+// queue key key.
+func semTicket(t *testing.T, db *sql.DB, key string, s *dsync.Session) int64 {
+	t.Helper()
+	return int64(countRows(t, db, `SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, key, s.ID()))
 }
 
 // semaphores returns n Semaphores of name with limit, each on a new
@@ -235,9 +243,7 @@ func TestSemaphoreTakeStatement(t *testing.T) {
 	gotB := acquireAsync(wctx, t, dsync.NewSemaphore(sb, name, 3), 3, 2)
 	gotC := acquireAsync(wctx, t, dsync.NewSemaphore(sc, name, 3), 1, 3)
 	t.Cleanup(func() { cancel(); <-gotB; <-gotC })
-	seq := func(s *dsync.Session) int64 {
-		return int64(countRows(t, db, `SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, key, s.ID()))
-	}
+	seq := func(s *dsync.Session) int64 { return semTicket(t, db, key, s) }
 	ta, tb, tc := seq(sa), seq(sb), seq(sc)
 	if !(ta < tb && tb < tc) {
 		t.Fatalf("tickets a, b, c: got %d, %d, %d; want them in that order", ta, tb, tc)
@@ -283,9 +289,7 @@ func TestSemaphoreAheadLocksOnlyItsTicket(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	gotC := acquireAsync(wctx, t, dsync.NewSemaphore(sc, name, 2), 1, 3)
 	t.Cleanup(func() { cancel(); <-gotC })
-	seq := func(s *dsync.Session) int64 {
-		return int64(countRows(t, db, `SELECT seq FROM dsync_ticket WHERE name = ? AND holder = ?`, key, s.ID()))
-	}
+	seq := func(s *dsync.Session) int64 { return semTicket(t, db, key, s) }
 	ta, tb, tc := seq(sa), seq(sb), seq(sc)
 	tests := []struct {
 		what           string
