@@ -111,13 +111,28 @@ func (e *Election) Name() string { return e.name }
 // returns [ErrInvalidName], [ErrValueTooLong], [ErrOtherKind], ctx's
 // error, [ErrSessionExpired], [ErrSessionClosed] or a database error.
 func (e *Election) Campaign(ctx context.Context, value string) error {
+	_, err := e.campaign(ctx, value, true)
+	return err
+}
+
+// TryCampaign leads the election with value only if nobody leads it and
+// nobody campaigns: it never joins the line. It returns false, nil
+// otherwise, and errors as Campaign does. It waits only for a new lease,
+// as [Mutex.TryLock] says. When this Election leads already, it returns
+// true, after it has proclaimed value if that differs.
+func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
+	return e.campaign(ctx, value, false)
+}
+
+// campaign is Campaign (wait) and TryCampaign.
+func (e *Election) campaign(ctx context.Context, value string, wait bool) (bool, error) {
 	if err := e.check(value); err != nil {
-		return err
+		return false, err
 	}
 	select {
 	case e.camp <- struct{}{}:
 	case <-ctx.Done():
-		return opErrorf(ctx.Err(), "campaign %q", e.name)
+		return false, opErrorf(ctx.Err(), "campaign %q", e.name)
 	}
 	defer func() { <-e.camp }()
 	if e.Term() != 0 {
@@ -125,23 +140,23 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 		same := e.value == value
 		e.mu.Unlock()
 		if same {
-			return nil
+			return true, nil
 		}
-		return e.Proclaim(ctx, value)
+		err := e.Proclaim(ctx, value)
+		return err == nil, err
 	}
 	// Leadership has no owner: any goroutine may resign it.
 	ctx = context.WithValue(ctx, ownerKey{}, uint64(0))
-	c := e.q.s.track(kindElection, "campaign", e.name, true)
-	_, err := e.q.s.withLease(ctx, c, func(g *Session) (bool, error) { return e.campaignOn(ctx, c, g, value) })
-	return err
+	c := e.q.s.track(kindElection, "campaign", e.name, wait)
+	return e.q.s.withLease(ctx, c, func(g *Session) (bool, error) { return e.campaignOn(ctx, c, g, value, wait) })
 }
 
 // campaignOn runs Campaign on the lease g: it takes the lock, then records
 // the leader (qLeaderRecord). When the record fails, the hold is given
 // back and the record, should it have landed, deleted.
-func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value string) (bool, error) {
+func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value string, wait bool) (bool, error) {
 	q := e.q.on(g)
-	if ok, err := q.lockOn(ctx, c, true); !ok {
+	if ok, err := q.lockOn(ctx, c, wait); !ok {
 		return false, e.rename(err, "campaign")
 	}
 	lq := g.queues.lookup(q.name)

@@ -680,3 +680,38 @@ func TestElectionLeaderNeverPairsAnotherHoldsTerm(t *testing.T) {
 		t.Fatalf("Leader after the holder's record: got %+v; want %+v", got, want)
 	}
 }
+
+// TestElectionTryCampaign: TryCampaign leads only when nobody leads or
+// campaigns, never joins the line, and reports this Election's own
+// leadership as obtained (proclaiming a new value).
+func TestElectionTryCampaign(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	a := dsync.NewElection(newSession(t), name)
+	b := dsync.NewElection(newSession(t), name)
+	if ok, err := a.TryCampaign(bg, "a"); !ok || err != nil {
+		t.Fatalf("TryCampaign with nobody leading: got %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := b.TryCampaign(bg, "b"); ok || err != nil {
+		t.Fatalf("TryCampaign while another leads: got %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := a.TryCampaign(bg, "a2"); !ok || err != nil {
+		t.Fatalf("TryCampaign of the leader: got %v, %v; want true, nil", ok, err)
+	}
+	if l, err := b.Leader(bg); err != nil || l.Value != "a2" || l.Term != a.Term() {
+		t.Fatalf("Leader after the leader's TryCampaign with a new value: got %+v, %v; want a2 at term %d", l, err, a.Term())
+	}
+	if err := a.Resign(bg); err != nil {
+		t.Fatal(err)
+	}
+	// b never joined the line: with a gone, nobody leads.
+	if _, err := b.Leader(bg); !errors.Is(err, dsync.ErrNoLeader) {
+		t.Fatalf("Leader after Resign: got %v; want ErrNoLeader (a TryCampaign that failed left a campaigner?)", err)
+	}
+	if ok, err := b.TryCampaign(bg, "b"); !ok || err != nil || b.Term() <= 0 {
+		t.Fatalf("TryCampaign after Resign: got %v, %v (term %d); want true, nil", ok, err, b.Term())
+	}
+	if err := b.Resign(bg); err != nil {
+		t.Fatal(err)
+	}
+}
