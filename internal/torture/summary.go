@@ -53,6 +53,6 @@ type Summary struct {
 // Anomaly is one anomaly of a Summary.
 type Anomaly struct {
 	Name  string  `json:"name"`  // the lock name
-	Check string  `json:"check"` // "linearizability" or "fifo"
+	Check string  `json:"check"` // "linearizability", "fifo" or "observe"
 	At    float64 `json:"at_s"`  // when the history became illegal, seconds since the start
 }
