@@ -186,6 +186,9 @@ func TestModelElection(t *testing.T) {
 		{"the leader read with another term", history(
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(1, 1, 10, opLeader, "ok", 4, 0, "a", 1), eop(0, 2, 20, opResign, "ok", 0, 0, "", 0),
 		), "leader"},
+		{"the leader read with another session", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(1, 1, 10, opLeader, "ok", 5, 0, "a", 9), eop(0, 2, 20, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
 		{"the value before a Proclaim that returned read after it", history(
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opProclaim, "ok", 0, 0, "b", 0),
 			eop(1, 1, 20, opLeader, "ok", 5, 0, "a", 1), eop(0, 3, 30, opResign, "ok", 0, 0, "", 0),
@@ -242,6 +245,9 @@ func TestModelElection(t *testing.T) {
 			eop(2, 1, 0, opObserved, "ok", 5, 0, "b", 1)[:1], eop(2, 2, 0, opObserved, "ok", 5, 0, "a", 1)[:1],
 			[]Event{{Proc: 2, G: gObserver, ID: 1, Type: "ret", TS: 100, Op: opObserved, Name: electName, Res: "ok", Fence: 5, Value: "b", Leader: 1, Seq: 1},
 				{Proc: 2, G: gObserver, ID: 2, Type: "ret", TS: 101, Op: opObserved, Name: electName, Res: "ok", Fence: 5, Value: "a", Leader: 1, Seq: 1}},
+		), "Observe order"},
+		{"Observe: a value no Campaign or Proclaim sent", history(rounds,
+			eop(2, 1, 0, opObserved, "ok", 5, 0, "zz", 1),
 		), "Observe order"},
 		{"Observe: a leader with another session than its Campaign's", history(
 			eop(0, 1, 0, opCampaign, "fail", 0, 1, "x", 0), eop(1, 1, 5, opObserved, "ok", 7, 0, "x", 9),

@@ -80,9 +80,10 @@ func electionStep(st interface{}, in interface{}, _ interface{}) (bool, interfac
 		}
 		return true, electionState{Holder: -1, LastTerm: s.LastTerm, RegFence: s.RegFence}
 	case kLose:
-		if s.leads(o.Client, o.Fence) {
-			s.Active = false
+		if !s.leads(o.Client, o.Fence) {
+			return false, s
 		}
+		s.Active = false
 		return true, s
 	case kCheck:
 		return s.Holder == o.Client && s.Active, s
