@@ -44,9 +44,9 @@ type Event struct {
 	Owner bool   `json:"owner,omitempty"` // the call carried an owner (dsync.WithOwner)
 	Sess  int64  `json:"sess,omitempty"`  // the session's lease id
 	Fence int64  `json:"fence,omitempty"` // the hold's fence (acquire ret), or the fence written (write)
-	Res   string `json:"res,omitempty"`   // ret: ok, fail, landed, refused, unknown
+	Res   string `json:"res,omitempty"`   // ret: ok, fail, landed, refused, unknown, noleader, notleader
 	Err   string `json:"err,omitempty"`   // ret: the error, when there was one
-	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting
+	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting; observed: the process's Observe call it came from
 	Key   string `json:"key,omitempty"`   // write: the key of its log row
 	Dur   int64  `json:"dur,omitempty"`   // nemesis: how long the fault lasts, nanoseconds
 
