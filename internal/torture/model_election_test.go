@@ -375,3 +375,25 @@ func (b *builder) flushMaybe(h *hold, ret int64) {
 	}
 	h.maybe = nil
 }
+
+// groupReads puts each read of the election into the Group of the
+// operation that set the value it read (a Campaign, a Proclaim), so that
+// smallest drops a leadership with the reads that saw it: a read without
+// its leadership is illegal whatever else happened.
+func (b *builder) groupReads() {
+	ops := b.parts[electName]
+	setBy := map[string]int{}
+	for _, o := range ops {
+		if m := o.Input.(mop); m.Value != "" && m.Kind != kRead {
+			setBy[m.Value] = m.Group
+		}
+	}
+	for i, o := range ops {
+		if m := o.Input.(mop); m.Kind == kRead {
+			if g, ok := setBy[m.Value]; ok {
+				m.Group = g
+				ops[i].Input = m
+			}
+		}
+	}
+}

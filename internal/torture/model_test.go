@@ -301,6 +301,7 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 	for _, k := range order {
 		b.walk(k, perClient[k])
 	}
+	b.groupReads()
 	return b
 }
 
