@@ -28,6 +28,27 @@ func history(parts ...[]Event) []Event {
 	return out
 }
 
+// checkHistory checks events and fails t unless the anomalies found
+// mention illegal ("": none found).
+func checkHistory(t *testing.T, events []Event, ttl time.Duration, logKeys map[string]bool, illegal string) {
+	t.Helper()
+	b := build(events, ttl, logKeys)
+	anomalies, timedOut := b.check(10*time.Second, 0)
+	if len(timedOut) > 0 {
+		t.Fatalf("timed out: %v", timedOut)
+	}
+	var got []string
+	for _, a := range anomalies {
+		got = append(got, a.name+": "+a.text)
+	}
+	switch {
+	case illegal == "" && len(got) > 0:
+		t.Fatalf("got anomalies %q; want none", got)
+	case illegal != "" && (len(got) == 0 || !strings.Contains(strings.Join(got, "\n"), illegal)):
+		t.Fatalf("got anomalies %q; want one mentioning %q", got, illegal)
+	}
+}
+
 // TestModel checks the checker on small histories, legal and not.
 func TestModel(t *testing.T) {
 	const ttl = time.Second
@@ -100,21 +121,7 @@ func TestModel(t *testing.T) {
 					tc.events[i].Seq = int64(tc.events[i].Proc) + 1
 				}
 			}
-			b := build(tc.events, ttl, tc.logKeys)
-			anomalies, timedOut := b.check(10*time.Second, 0)
-			if len(timedOut) > 0 {
-				t.Fatalf("timed out: %v", timedOut)
-			}
-			var got []string
-			for _, a := range anomalies {
-				got = append(got, a.name+": "+a.text)
-			}
-			switch {
-			case tc.illegal == "" && len(got) > 0:
-				t.Fatalf("got anomalies %q; want none", got)
-			case tc.illegal != "" && (len(got) == 0 || !strings.Contains(strings.Join(got, "\n"), tc.illegal)):
-				t.Fatalf("got anomalies %q; want one mentioning %q", got, tc.illegal)
-			}
+			checkHistory(t, tc.events, ttl, tc.logKeys, tc.illegal)
 		})
 	}
 }
@@ -254,21 +261,7 @@ func TestModelElection(t *testing.T) {
 		), "Observe order"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := build(tc.events, ttl, nil)
-			anomalies, timedOut := b.check(10*time.Second, 0)
-			if len(timedOut) > 0 {
-				t.Fatalf("timed out: %v", timedOut)
-			}
-			var got []string
-			for _, a := range anomalies {
-				got = append(got, a.name+": "+a.text)
-			}
-			switch {
-			case tc.illegal == "" && len(got) > 0:
-				t.Fatalf("got anomalies %q; want none", got)
-			case tc.illegal != "" && (len(got) == 0 || !strings.Contains(strings.Join(got, "\n"), tc.illegal)):
-				t.Fatalf("got anomalies %q; want one mentioning %q", got, tc.illegal)
-			}
+			checkHistory(t, tc.events, ttl, nil, tc.illegal)
 		})
 	}
 }

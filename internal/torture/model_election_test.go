@@ -107,25 +107,18 @@ func electionStep(st interface{}, in interface{}, _ interface{}) (bool, interfac
 	case kNoLeader:
 		return s.Holder == -1, s
 	case kWrite:
-		if o.Landed {
-			if o.Fence <= s.RegFence {
-				return false, s
-			}
-			s.RegFence = o.Fence
-			return true, s
-		}
-		return o.Fence <= s.RegFence, s
+		ok, reg := writeStep(s.RegFence, o)
+		s.RegFence = reg
+		return ok, s
 	}
 	return false, s
 }
 
 // electionModel is the porcupine model of the election electName.
 var electionModel = porcupine.Model{
-	Init: func() interface{} { return electionState{Holder: -1} },
-	Step: electionStep,
-	DescribeOperation: func(in, _ interface{}) string {
-		return in.(mop).Desc
-	},
+	Init:              func() interface{} { return electionState{Holder: -1} },
+	Step:              electionStep,
+	DescribeOperation: describeOp,
 	DescribeState: func(st interface{}) string {
 		s := st.(electionState)
 		return fmt.Sprintf("leader %d session %d term %d value %q (#%d) active %v; last term %d register %d",

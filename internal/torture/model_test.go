@@ -121,26 +121,32 @@ func step(st interface{}, in interface{}, _ interface{}) (bool, interface{}) {
 		}
 		return s.Holder == o.Client, s
 	case kWrite:
-		if o.Landed {
-			if o.Fence <= s.RegFence {
-				return false, s
-			}
-			s.RegFence = o.Fence
-			return true, s
-		}
-		return o.Fence <= s.RegFence, s
+		ok, reg := writeStep(s.RegFence, o)
+		s.RegFence = reg
+		return ok, s
 	}
 	return false, s
 }
 
+// writeStep is the fenced register's step, with reg the greatest fence
+// it holds: a landed write is legal only with a fence above it (and
+// becomes it), a refused one only with a fence at or below it.
+func writeStep(reg int64, o mop) (bool, int64) {
+	if o.Landed {
+		return o.Fence > reg, max(reg, o.Fence)
+	}
+	return o.Fence <= reg, reg
+}
+
+// describeOp is the models' DescribeOperation.
+func describeOp(in, _ interface{}) string { return in.(mop).Desc }
+
 // lockModel is the porcupine model of one lock name; histories are
 // partitioned by name before they are checked.
 var lockModel = porcupine.Model{
-	Init: func() interface{} { return lockState{Holder: -1} },
-	Step: step,
-	DescribeOperation: func(in, _ interface{}) string {
-		return in.(mop).Desc
-	},
+	Init:              func() interface{} { return lockState{Holder: -1} },
+	Step:              step,
+	DescribeOperation: describeOp,
 	DescribeState: func(st interface{}) string {
 		s := st.(lockState)
 		return fmt.Sprintf("holder %d readers %q fence %d register %d", s.Holder, s.Readers, s.LastFence, s.RegFence)
