@@ -334,8 +334,12 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // proclaims, resigns or leads (and which its connection's end rings when
 // its process dies), and reads again at the latest when the leader's
 // lease would end, within 8 seconds: an observer of a leader that changes
-// nothing sends a statement or two per wait. While nobody holds or waits
-// for the election it reads once a second; on a Galera cluster, and where
+// nothing sends a statement or two per wait. A session blocks on one
+// doorbell at a time: while its own Campaign waits behind a campaigner
+// that does not lead (it blocks on that one's doorbell), or no connection
+// can be had to block with, the observer reads once a second instead, and
+// sees a change within a second. While nobody holds or waits for the
+// election it reads once a second too; on a Galera cluster, and where
 // doorbells are not used (see the package's Waiting section), it reads
 // four times a second.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
@@ -351,9 +355,10 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 
 // How an observer waits when it cannot block on a leader's doorbell:
 // observeIdle while nobody holds or waits for the election (nobody's
-// doorbell to block on: a first Campaign is seen within it), observePoll
-// where doorbells are not used (Galera), within the polling budget either
-// way.
+// doorbell to block on: a first Campaign is seen within it), and while its
+// session's waiting connection blocks on another doorbell or none can be
+// had (see bellWaiter.wait); observePoll where doorbells are not used
+// (Galera); within the polling budget either way.
 const (
 	observeIdle = time.Second
 	observePoll = 250 * time.Millisecond
@@ -407,7 +412,18 @@ func (e *Election) observe(ctx context.Context, g *Session, ch chan<- Leader) {
 				d = bells.nextPace(&polls)
 				break
 			}
-			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) == waitPace {
+			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) != waitPace {
+				break
+			}
+			if bells.busy {
+				// The session's connection blocks on another doorbell
+				// (its own Campaign waits behind another campaigner),
+				// maybe for as long as the line stands still, or none
+				// can be had: read at the idle pace, not a lock
+				// waiter's connPace.
+				bells.busy = false
+				d = polls.delay(observeIdle)
+			} else {
 				d = bells.nextPace(&polls)
 			}
 		}

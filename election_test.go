@@ -3,6 +3,7 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -527,6 +528,60 @@ func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 	}
 	cancel()
 	for range o.ch {
+	}
+}
+
+// TestElectionCampaignersObserversDoNotPoll runs the usual deployment: three
+// sessions each Campaign and Observe one election, one leads, nothing
+// changes for 3s. The third session's campaigner blocks on the second's
+// doorbell, so its observer has no connection to block on the leader's:
+// it reads at the idle pace, so all of them send fewer than 3 statements
+// a second beyond what three idle sessions send (polling at the lock
+// waiters' pace, they sent about 10).
+func TestElectionCampaignersObserversDoNotPoll(t *testing.T) {
+	slowTest(t)
+	const hold = 3 * time.Second
+	idle := idleStatements(t, 3, hold)
+	bg := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	var obs []observed
+	var waiting []<-chan error
+	for i := range 3 {
+		e := dsync.NewElection(newSession(t), name)
+		done := campaignAsync(ctx, e, "v")
+		if i == 0 {
+			mustLead(t, "first", done)
+		} else {
+			waiting = append(waiting, done)
+			waitTickets(t, db, electionKey(name), i+1)
+		}
+		obs = append(obs, observed{e.Observe(ctx)})
+	}
+	for i, o := range obs {
+		o.next(t, fmt.Sprintf("the leader (observer %d)", i), 5*time.Second)
+	}
+	time.Sleep(500 * time.Millisecond) // the observers settle
+	q := questions(t)
+	time.Sleep(hold)
+	observing := questions(t) - q - 1 // less the first questions call's own statement
+	rate := float64(observing-idle) / hold.Seconds()
+	t.Logf("statements in %v: %d idle, %d with 3 campaigners and observers (%.2f/s)", hold, idle, observing, rate)
+	if rate >= 3 {
+		t.Errorf("got %.2f statements/s for 3 idle campaigners and observers; want fewer than 3", rate)
+	}
+	for i, w := range waiting {
+		stillWaiting(t, fmt.Sprintf("campaigner %d", i+2), w)
+	}
+	cancel()
+	for _, w := range waiting {
+		<-w
+	}
+	for _, o := range obs {
+		for range o.ch {
+		}
 	}
 }
 
