@@ -49,6 +49,7 @@ type Election struct {
 	name string
 
 	camp chan struct{} // holds a value while a Campaign runs: one at a time
+	proc chan struct{} // holds a value while a Proclaim runs: one at a time, so that they land in the order of their vers and value is the database's
 
 	mu    sync.Mutex
 	g     *Session // guarded by mu; the lease of this session's leadership; nil: not leading
@@ -56,6 +57,7 @@ type Election struct {
 	term  int64    // guarded by mu; the hold's fence
 	ver   int64    // guarded by mu; the ver of the last Proclaim sent in this term
 	value string   // guarded by mu; the value last recorded in this term
+	stale bool     // guarded by mu; a Proclaim failed after it was sent: the database may hold its value, not value
 }
 
 // maxValueLen is the longest value of a leader (the leader table's BLOB).
@@ -94,7 +96,7 @@ func NewElection(s *Session, name string) *Election {
 		panic("dsync: NewElection with nil Session")
 	}
 	return &Election{q: queued{s: s, name: electionKey(name), err: validElectionName(name)}, name: name,
-		camp: make(chan struct{}, 1)}
+		camp: make(chan struct{}, 1), proc: make(chan struct{}, 1)}
 }
 
 // Name returns the election's name.
@@ -109,7 +111,9 @@ func (e *Election) Name() string { return e.name }
 // leads nothing and has left nothing in the database (a hold taken as ctx
 // ended is given back, at once or by the session's keep-alive). It
 // returns [ErrInvalidName], [ErrValueTooLong], [ErrOtherKind], ctx's
-// error, [ErrSessionExpired], [ErrSessionClosed] or a database error.
+// error, [ErrSessionExpired], [ErrSessionClosed], [ErrNotLeader] (it led,
+// and the leadership ended before it proclaimed value) or a database
+// error.
 func (e *Election) Campaign(ctx context.Context, value string) error {
 	_, err := e.campaign(ctx, value, true)
 	return err
@@ -137,7 +141,7 @@ func (e *Election) campaign(ctx context.Context, value string, wait bool) (bool,
 	defer func() { <-e.camp }()
 	if e.Term() != 0 {
 		e.mu.Lock()
-		same := e.value == value
+		same := e.value == value && !e.stale
 		e.mu.Unlock()
 		if same {
 			return true, nil
@@ -186,7 +190,7 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 		return false, opErrorf(err, "campaign %q", e.name)
 	}
 	e.mu.Lock()
-	e.g, e.token, e.term, e.ver, e.value = g, token, term, 0, value
+	e.g, e.token, e.term, e.ver, e.value, e.stale = g, token, term, 0, value, false
 	e.mu.Unlock()
 	// Observers that found this session at the head of the line, not yet
 	// recorded, block on its doorbell.
@@ -200,11 +204,21 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 // error when the session has ended), [ErrInvalidName], [ErrValueTooLong],
 // ctx's error or a database error. A Proclaim that failed otherwise than
 // with ErrNotLeader may have changed the value or not; one that the
-// client gave up on never lands after a later one.
+// client gave up on never lands after a later one. Proclaims of one
+// Election run one at a time, in the order they got their turn; each
+// rings the leader session's doorbell, which wakes its observers, and
+// also the waiters for the session's other locks, who read once and block
+// again.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := e.check(value); err != nil {
 		return err
 	}
+	select {
+	case e.proc <- struct{}{}:
+	case <-ctx.Done():
+		return opErrorf(ctx.Err(), "proclaim %q", e.name)
+	}
+	defer func() { <-e.proc }()
 	e.mu.Lock()
 	g, token := e.g, e.token
 	e.ver++ // also after a failure: a late landing of this one is then older than the next
@@ -217,6 +231,13 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, err), "proclaim %q", e.name)
 	}
 	n, err := g.store.execCount(ctx, sLeaderProclaim, value, ver, e.name, g.id, token, ver, e.q.name, e.q.name)
+	if err != nil {
+		e.mu.Lock()
+		if e.g == g && e.token == token {
+			e.stale = true // it may land yet: a Campaign of value proclaims it again
+		}
+		e.mu.Unlock()
+	}
 	switch {
 	case err != nil && g.leaseErr() != nil:
 		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, g.leaseErr()), "proclaim %q", e.name)
@@ -227,7 +248,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	}
 	e.mu.Lock()
 	if e.g == g && e.token == token {
-		e.value = value
+		e.value, e.stale = value, false
 	}
 	e.mu.Unlock()
 	g.bell.ring() // observers block on the leader's doorbell
@@ -246,7 +267,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	g, token := e.g, e.token
-	e.g, e.token, e.term, e.value = nil, 0, 0, ""
+	e.g, e.token, e.term, e.value, e.stale = nil, 0, 0, "", false
 	e.mu.Unlock()
 	if g == nil || !e.holds(g, token) {
 		return nil

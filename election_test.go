@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,6 +201,47 @@ func TestElectionProclaim(t *testing.T) {
 	}
 	if err := leader.Resign(bg); err != nil {
 		t.Fatalf("second Resign: got %v; want nil", err)
+	}
+}
+
+// TestElectionConcurrentProclaims has four goroutines proclaim at once on
+// the Election of a leader that keeps leading: none of them gets
+// ErrNotLeader, and after each round the value the Election believes it
+// leads with (what a Campaign compares with) is the one the database
+// holds.
+func TestElectionConcurrentProclaims(t *testing.T) {
+	bg := context.Background()
+	e := dsync.NewElection(newSession(t), lockName(t))
+	if err := e.Campaign(bg, "start"); err != nil {
+		t.Fatal(err)
+	}
+	const rounds, goroutines, each = 10, 4, 5
+	for r := range rounds {
+		errs := make(chan error, goroutines*each)
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := e.Proclaim(bg, fmt.Sprintf("r%d g%d i%d", r, g, i)); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: concurrent Proclaim of a leader that leads: got %v; want nil", r, err)
+		}
+		got := mustLeader(t, e)
+		if cached, stale := dsync.ProclaimedValue(e); got.Value != cached || stale {
+			t.Fatalf("round %d: the database's value %q, the Election's %q (unsure %v); want the same", r, got.Value, cached, stale)
+		}
+	}
+	if e.Term() == 0 {
+		t.Fatal("Term after the Proclaims: got 0; want the leader's term")
 	}
 }
 

@@ -113,3 +113,12 @@ func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exc
 	seq, _, _, marked, err = s.current().tickets.ticketAhead(ctx, name, w)
 	return seq, marked, err
 }
+
+// ProclaimedValue returns the value e believes it leads with (what a
+// Campaign of the same value compares with), and whether a failed Proclaim
+// left it unsure.
+func ProclaimedValue(e *Election) (value string, stale bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.value, e.stale
+}
