@@ -1194,9 +1194,12 @@ WHERE name = ? AND holder = ? AND token = ? AND ver < ?
 	// Result: term, ver and value (NULL: the holder has not recorded
 	// itself yet, so nobody leads), the holder's lease id, its doorbell's
 	// generation (0: none), and how long its lease has left in
-	// microseconds. No row: nobody holds or waits.
+	// microseconds. No row: nobody holds or waits. Only the second member
+	// of the UNION is in parentheses (its ORDER BY and LIMIT need them): a
+	// derived table that starts with a parenthesized member does not parse
+	// on MySQL 5.7 and MariaDB 10.3.
 	qLeaderRead = `SELECT c.term, c.ver, c.value, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
-FROM ((SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0)
+FROM (SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0
       UNION ALL
       (SELECT 1, t.holder, t.token FROM {ticket} t JOIN {lease} tl ON tl.id = t.holder
        WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND tl.expires_at > UTC_TIMESTAMP(6)
