@@ -167,8 +167,7 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 	lq.mu.Lock()
 	token, term := lq.token, lq.fence
 	lq.mu.Unlock()
-	n, err := g.store.execCount(ctx, sLeaderRecord, e.name, g.id, token, term, value,
-		q.name, g.id, token, q.name, g.id, token)
+	n, err := e.record(ctx, g, token, term, value)
 	if err == nil && n == 0 {
 		err = errors.New("the hold ended before the leader was recorded (released by force?)")
 	}
@@ -196,6 +195,14 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 	// recorded, block on its doorbell.
 	g.bell.ring()
 	return true, nil
+}
+
+// record records this session, on the lease g, as the leader with value
+// for the hold of token and term (qLeaderRecord), and returns how many
+// rows it changed: 0 when the hold is gone.
+func (e *Election) record(ctx context.Context, g *Session, token, term int64, value string) (int64, error) {
+	return g.store.execCount(ctx, sLeaderRecord, e.name, g.id, token, term, value,
+		e.q.name, g.id, token, e.q.name, g.id, token)
 }
 
 // Proclaim changes the leader's value to value without giving up

@@ -739,6 +739,39 @@ func TestOldMutexNeverTakesAnElectionName(t *testing.T) {
 	}
 }
 
+// TestElectionLateRecordKeepsTheNewerOne lands a session's leader record
+// of an earlier hold after the record of its later hold, as a record
+// delayed in the server past its hold's check would: the row keeps the
+// later hold's token, term and value. (The hold check is made true for
+// both tokens by hand: two exclusive tickets of the session.)
+func TestElectionLateRecordKeepsTheNewerOne(t *testing.T) {
+	name := lockName(t)
+	db := dbtest.Open(t)
+	s := newSession(t)
+	for seq, token := range []int64{1, 2} {
+		if _, err := db.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, 1)",
+			electionKey(name), seq+1, s.ID(), token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { db.Exec("DELETE FROM dsync_ticket WHERE name = ?", electionKey(name)) })
+	if n, err := dsync.RecordLeader(s, name, 2, 20, "newer"); n != 1 || err != nil {
+		t.Fatalf("record of the later hold: got %d, %v; want 1, nil", n, err)
+	}
+	if _, err := dsync.RecordLeader(s, name, 1, 10, "older"); err != nil {
+		t.Fatalf("late record of the earlier hold: got %v; want nil", err)
+	}
+	var token, term int64
+	var value string
+	if err := db.QueryRow("SELECT token, term, value FROM dsync_leader WHERE name = ? AND holder = ?", name, s.ID()).
+		Scan(&token, &term, &value); err != nil {
+		t.Fatal(err)
+	}
+	if token != 2 || term != 20 || value != "newer" {
+		t.Fatalf("leader row after a late record: token %d, term %d, value %q; want 2, 20, \"newer\"", token, term, value)
+	}
+}
+
 // TestElectionLeaderNeverPairsAnotherHoldsTerm puts the line in the state
 // between a new holder's turn and its record (a live ticket at the head,
 // as if its take had not run yet) with rows that must not count: the

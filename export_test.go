@@ -122,3 +122,10 @@ func ProclaimedValue(e *Election) (value string, stale bool) {
 	defer e.mu.Unlock()
 	return e.value, e.stale
 }
+
+// RecordLeader runs the record of an Election's leader (qLeaderRecord) on
+// s, for a hold of token and term, as Campaign does after its take, and
+// returns how many rows it changed.
+func RecordLeader(s *Session, name string, token, term int64, value string) (int64, error) {
+	return NewElection(s, name).record(context.Background(), s.current(), token, term, value)
+}

@@ -1158,15 +1158,20 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = 4, LAST_INSERT_ID(fence + 1), fence + 
 	// session. It writes only while the hold is there (the head slot or
 	// the ticket with this token), so that a statement that the client
 	// gave up on and that lands late, after the hold ended, records
-	// nothing; a later hold of the session is not possible before this
-	// one's ticket or slot is gone (one hold per session and name). Args:
-	// name, lease id, token, term, value, queue key, lease id, token,
-	// queue key, lease id, token. RowsAffected 0: the hold is gone.
+	// nothing. That check is a plain read at the statement's start, not
+	// at its write: a record delayed in the server past its hold's end
+	// and a later hold's record would still land, so it replaces only a
+	// row of a lower term (terms of a name strictly increase with each
+	// hold; each assignment is conditional, term's last, as the server
+	// assigns them in order). Args: name, lease id, token, term, value,
+	// queue key, lease id, token, queue key, lease id, token.
+	// RowsAffected 0: the hold is gone (or a later one recorded).
 	qLeaderRecord = `INSERT INTO {leader} (name, holder, token, term, ver, value)
 SELECT ?, ?, ?, ?, 0, ? FROM DUAL
 WHERE EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
    OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `)
-ON DUPLICATE KEY UPDATE token = VALUES(token), term = VALUES(term), ver = 0, value = VALUES(value)`
+ON DUPLICATE KEY UPDATE token = IF(VALUES(term) > term, VALUES(token), token), ver = IF(VALUES(term) > term, 0, ver),
+  value = IF(VALUES(term) > term, VALUES(value), value), term = GREATEST(term, VALUES(term))`
 
 	// qLeaderProclaim changes the leader's value, only while its lease is
 	// live (the server's clock) and its hold is there, and only to a later
