@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
@@ -167,6 +168,9 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 	lq.mu.Lock()
 	token, term := lq.token, lq.fence
 	lq.mu.Unlock()
+	if hook := electionTakeHook.Load(); hook != nil {
+		(*hook)(e.name, token, term)
+	}
 	n, err := e.record(ctx, g, token, term, value)
 	if err == nil && n == 0 {
 		err = errors.New("the hold ended before the leader was recorded (released by force?)")
@@ -196,6 +200,11 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 	g.bell.ring()
 	return true, nil
 }
+
+// electionTakeHook, when set, runs in campaignOn between the take of the
+// election's lock and the record of the leader, with the election's name
+// and the hold's token and term; tests set it (see export_test.go).
+var electionTakeHook atomic.Pointer[func(name string, token, term int64)]
 
 // record records this session, on the lease g, as the leader with value
 // for the hold of token and term (qLeaderRecord), and returns how many

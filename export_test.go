@@ -129,3 +129,12 @@ func ProclaimedValue(e *Election) (value string, stale bool) {
 func RecordLeader(s *Session, name string, token, term int64, value string) (int64, error) {
 	return NewElection(s, name).record(context.Background(), s.current(), token, term, value)
 }
+
+// AfterElectionTake makes f run each time a Campaign has taken its
+// election's lock and is about to record the leader (qLeaderRecord), with
+// the election's name and the hold's token and term, until the returned
+// function is called.
+func AfterElectionTake(f func(name string, token, term int64)) (restore func()) {
+	electionTakeHook.Store(&f)
+	return func() { electionTakeHook.Store(nil) }
+}
