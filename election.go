@@ -173,7 +173,7 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 	}
 	n, err := e.record(ctx, g, token, term, value)
 	if err == nil && n == 0 {
-		err = errors.New("the hold ended before the leader was recorded (released by force?)")
+		err = errors.New("the hold ended before the leader was recorded")
 	}
 	if err != nil {
 		// The hold is given back, also when ctx has ended (see undo), and
