@@ -210,8 +210,13 @@ var electionTakeHook atomic.Pointer[func(name string, token, term int64)]
 // for the hold of token and term (qLeaderRecord), and returns how many
 // rows it changed: 0 when the hold is gone.
 func (e *Election) record(ctx context.Context, g *Session, token, term int64, value string) (int64, error) {
-	return g.store.execCount(ctx, sLeaderRecord, e.name, g.id, token, term, value,
-		e.q.name, g.id, token, e.q.name, g.id, token)
+	return g.store.execCount(ctx, sLeaderRecord, append([]any{e.name, g.id, token, term, value}, e.heldArgs(g, token)...)...)
+}
+
+// heldArgs returns the arguments of leaderHeldSQL for the hold of token
+// on the lease g.
+func (e *Election) heldArgs(g *Session, token int64) []any {
+	return []any{e.q.name, g.id, token, e.q.name, g.id, token}
 }
 
 // Proclaim changes the leader's value to value without giving up
@@ -246,7 +251,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := g.leaseErr(); err != nil {
 		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, err), "proclaim %q", e.name)
 	}
-	n, err := g.store.execCount(ctx, sLeaderProclaim, value, ver, e.name, g.id, token, ver, e.q.name, e.q.name)
+	n, err := g.store.execCount(ctx, sLeaderProclaim, append([]any{value, ver, e.name, g.id, token, ver}, e.heldArgs(g, token)...)...)
 	if err != nil {
 		e.mu.Lock()
 		if e.g == g && e.token == token {

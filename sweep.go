@@ -172,38 +172,52 @@ func (s *sweeper) sweepLeaders() (deleted int64) {
 		name   string
 		holder int64
 	}
-	var ended []leaderRow
-	err := s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.st.pool, int(sLeadersEnded))
+	deleted, _, err := listThenDelete(ctx, s.st, sLeadersEnded, []any{sweepBatch},
+		func(rows *sql.Rows) (r leaderRow, err error) { return r, rows.Scan(&r.name, &r.holder) },
+		func(ctx context.Context, r leaderRow) (int64, error) {
+			return s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
+		})
+	if err != nil {
+		s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "leader", "err", err)
+	}
+	return deleted
+}
+
+// listThenDelete lists rows with the plain read list (args; scan reads
+// one row), then deletes them one by one with del, and returns how many
+// rows del deleted, how many the read listed, and the first error, which
+// ends it.
+func listThenDelete[T any](ctx context.Context, st *store, list stmtIndex, args []any,
+	scan func(*sql.Rows) (T, error), del func(context.Context, T) (int64, error)) (deleted int64, listed int, err error) {
+	var found []T
+	err = st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		stmt, err := c.Stmt(ctx, st.pool, int(list))
 		if err != nil {
 			return err
 		}
-		rows, err := st.QueryContext(ctx, sweepBatch)
+		rows, err := stmt.QueryContext(ctx, args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var r leaderRow
-			if err := rows.Scan(&r.name, &r.holder); err != nil {
+			r, err := scan(rows)
+			if err != nil {
 				return err
 			}
-			ended = append(ended, r)
+			found = append(found, r)
 		}
 		return rows.Err()
 	})
-	for _, r := range ended {
+	for _, r := range found {
 		if err != nil {
 			break
 		}
 		var n int64
-		n, err = s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
+		n, err = del(ctx, r)
 		deleted += n
 	}
-	if err != nil {
-		s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "leader", "err", err)
-	}
-	return deleted
+	return deleted, len(found), err
 }
 
 // sweepTxLocks deletes the transaction-lock rows (see qCreateTxLock) unused
@@ -230,42 +244,19 @@ func (s *sweeper) sweepTxLocks(age time.Duration) (deleted int64) {
 // sweepTxLockBatch lists up to sweepBatch idle transaction-lock rows and
 // deletes those still idle and not held.
 func (s *sweeper) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
-	var names []string
-	err = s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.st.pool, int(sTxLockIdle))
-		if err != nil {
-			return err
-		}
-		rows, err := st.QueryContext(ctx, age.Microseconds(), sweepBatch)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var name string
-			if err := rows.Scan(&name); err != nil {
-				return err
+	return listThenDelete(ctx, s.st, sTxLockIdle, []any{age.Microseconds(), sweepBatch},
+		func(rows *sql.Rows) (name string, err error) { return name, rows.Scan(&name) },
+		func(ctx context.Context, name string) (int64, error) {
+			res, err := s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
+			if isErrNo(err, errLockWaitTimeout) {
+				return 0, nil // a transaction holds it
 			}
-			names = append(names, name)
-		}
-		return rows.Err()
-	})
-	for _, name := range names {
-		if err != nil {
-			break
-		}
-		var res sql.Result
-		res, err = s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
-		if isErrNo(err, errLockWaitTimeout) {
-			err = nil // a transaction holds it
-			continue
-		}
-		if err == nil {
+			if err != nil {
+				return 0, err
+			}
 			n, _ := res.RowsAffected()
-			deleted += n
-		}
-	}
-	return deleted, len(names), err
+			return n, nil
+		})
 }
 
 // batch is what one batch of a pass did.
