@@ -498,7 +498,7 @@ func (e *Election) read(ctx context.Context, g *Session) (leaderRead, error) {
 	var term, ver sql.NullInt64
 	var value []byte
 	err := g.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return g.store.query(ctx, c, sLeaderRead, []any{e.q.name, e.q.name, e.name},
+		return g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
 			&term, &ver, &value, &r.id, &r.bell, &r.left)
 	})
 	switch {

@@ -1189,23 +1189,35 @@ WHERE name = ? AND holder = ? AND token = ? AND ver < ?
   OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `))`
 
 	// qLeaderRead reads an election's holder and its leader row in one
-	// statement (one view of the tables): the live holder of the head
-	// slot, else the first live ticket (an Election's tickets are all
-	// exclusive: the first live one holds once it has taken the fence),
+	// statement (one view of the tables): the live ticket whose record
+	// has the name's current fence as its term (the hold that took the
+	// fence: it holds while its ticket and lease are there), else the
+	// live holder of the head slot, else the first live ticket (an
+	// Election's tickets are all exclusive: the first live one holds once
+	// it has taken the fence). The first of these makes the answer right
+	// after the server's clock stepped back: a lease that had ended may
+	// then be live again on that clock, and its ticket, still ahead of the
+	// leader's, the first live one (found by the checker:
+	// TestElectionClockBackRepro in internal/torture). The holder is
 	// joined by lease id and token with its leader row, which exists only
 	// once that hold has taken its fence and recorded it (qLeaderRecord).
 	// So a term is never paired with another hold's value, nor reported
 	// before its hold took it; a holder whose lease has ended on the
-	// server's clock is no holder. Args: queue key, queue key, name.
-	// Result: term, ver and value (NULL: the holder has not recorded
+	// server's clock is no holder. Args: name, queue key, queue key,
+	// queue key, name. Result: term, ver and value (NULL: the holder has not recorded
 	// itself yet, so nobody leads), the holder's lease id, its doorbell's
 	// generation (0: none), and how long its lease has left in
-	// microseconds. No row: nobody holds or waits. Only the second member
+	// microseconds. No row: nobody holds or waits. Only the last member
 	// of the UNION is in parentheses (its ORDER BY and LIMIT need them): a
 	// derived table that starts with a parenthesized member does not parse
 	// on MySQL 5.7 and MariaDB 10.3.
 	qLeaderRead = `SELECT c.term, c.ver, c.value, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
-FROM (SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0
+FROM (SELECT -1 AS pos, t.holder, t.token FROM {ticket} t
+        JOIN {leader} rc ON rc.name = ? AND rc.holder = t.holder AND rc.token = t.token
+        JOIN {queue} rq ON rq.name = t.name AND rq.fence = rc.term
+      WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
+      UNION ALL
+      SELECT 0, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0
       UNION ALL
       (SELECT 1, t.holder, t.token FROM {ticket} t JOIN {lease} tl ON tl.id = t.holder
        WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND tl.expires_at > UTC_TIMESTAMP(6)
