@@ -106,9 +106,11 @@ func ListLocks(ctx context.Context, db *sql.DB, prefix string) ([]LockInfo, erro
 
 // LockHolders returns the holds of the lock called name by live sessions,
 // as ListLocks does but reading only that name's rows. A name is one lock,
-// used by a Mutex or by the queued locks (FairMutex, RWMutex), never both
-// (see [ErrOtherKind]): the holds are a Mutex's one hold, or the queued
-// lock's writer or readers. It returns an error wrapping [ErrInvalidName] for an invalid name,
+// used by a Mutex, by the queued locks (FairMutex, RWMutex) or by an
+// Election, never two of them (see [ErrOtherKind]): the holds are a Mutex's one hold, or the queued
+// lock's writer or readers. For an [Election]'s name it returns none:
+// ListLocks lists its leader ([KindLeader]), and [Election.Leader] reads
+// it. It returns an error wrapping [ErrInvalidName] for an invalid name,
 // or as ListLocks does.
 func LockHolders(ctx context.Context, db *sql.DB, prefix, name string) ([]LockInfo, error) {
 	if err := validName(name); err != nil {

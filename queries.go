@@ -1052,8 +1052,8 @@ const (
 //     transaction with qQueueBind, which writes the lock row: inserts it
 //     with kind 1, or adds one to the fence of a kind-1 row; a kind-0 row
 //     (or any other kind's) it leaves unchanged and reports. An Election
-//     does the same with qElectionBind and kind 4, and creates the queue
-//     row of its queue key. Before that it reads the row
+//     does the same with kind 4, and creates the queue row of its queue
+//     key. Before that it reads the row
 //     (qLockKind), so that a Mutex's name fails without a write, and
 //     without waiting for a transaction that holds the row (LockTx). A
 //     Mutex may create the row after that read and hand it to a
@@ -1079,20 +1079,22 @@ const (
 	// locks. Args: name. No row: the name is unbound.
 	qLockKind = `SELECT kind FROM {lock} WHERE name = ?`
 
-	// qQueueBind binds a name to the queued locks, in the transaction
-	// that creates its queue row (qQueueCreate): it inserts the name's lock
-	// row with kind 1, or adds one to the fence of its kind-1 row (a
-	// change, so that on a Galera cluster the row is written, and
-	// certified against any other write of it; the fence of a kind-1 row
-	// is no lock's, and a change of it voids the sweep's mark). It runs as
-	// its no-wait variant (noWaitSQL) where the server takes that, so that
-	// a transaction holding the row (Mutex.LockTx) gives 1205 at once
-	// instead of a wait of innodb_lock_wait_timeout. Args: name.
-	// LastInsertId otherKind: the name is a Mutex's (the row is left
-	// unchanged: roll back); else the row binds the name to the queued
-	// locks until the transaction ends.
-	qQueueBind = `INSERT INTO {lock} (name, kind, fence) VALUES (?, 1, LAST_INSERT_ID(1))
-ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + otherKindSQL + `))`
+	// qQueueBind binds a name to the queued locks (kind 1), or to the
+	// Elections (kind 4, for the queue row of an Election's queue key), in
+	// the transaction that creates its queue row (qQueueCreate): it
+	// inserts the name's lock row with that kind, or adds one to the fence
+	// of its row of that kind (a change, so that on a Galera cluster the
+	// row is written, and certified against any other write of it; the
+	// fence of such a row is no lock's, and a change of it voids the
+	// sweep's mark). It runs as its no-wait variant (noWaitSQL) where the
+	// server takes that, so that a transaction holding the row
+	// (Mutex.LockTx) gives 1205 at once instead of a wait of
+	// innodb_lock_wait_timeout. Args: name (not the queue key), kind,
+	// kind. LastInsertId otherKind: another kind uses the name (the row
+	// is left unchanged: roll back); else the row binds the name to the
+	// kind until the transaction ends.
+	qQueueBind = `INSERT INTO {lock} (name, kind, fence) VALUES (?, ?, LAST_INSERT_ID(1))
+ON DUPLICATE KEY UPDATE fence = IF(kind = ?, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + otherKindSQL + `))`
 )
 
 // Elections (see election.go). An Election of name N is a queued lock,
@@ -1103,7 +1105,7 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = 1, LAST_INSERT_ID(fence + 1), fence + 
 // this version or an older one, ever reads or takes an Election's rows:
 // their statements do not read the lock row's kind once the queue row
 // exists. N itself is bound to the Election in the lock table, kind 4
-// (qElectionBind, see "One name, one kind"), so that a Mutex, FairMutex
+// (qQueueBind with kind 4, see "One name, one kind"), so that a Mutex, FairMutex
 // or RWMutex of the name gets ErrOtherKind, and an Election of a name
 // they use gets it too. Why 4 and not 2: the Mutex statement of schema
 // version 6 before Elections (qLockAcquire) answered LAST_INSERT_ID(kind
@@ -1144,13 +1146,6 @@ const (
   PRIMARY KEY (name, holder)
 ) ENGINE=InnoDB`
 
-	// qElectionBind is qQueueBind for an Election: it binds the name to
-	// the Elections (kind 4), in the transaction that creates the queue
-	// row of its queue key. Args: name (not the queue key). LastInsertId
-	// otherKind: another kind uses the name (roll back).
-	qElectionBind = `INSERT INTO {lock} (name, kind, fence) VALUES (?, 4, LAST_INSERT_ID(1))
-ON DUPLICATE KEY UPDATE fence = IF(kind = 4, LAST_INSERT_ID(fence + 1), fence + 0 * LAST_INSERT_ID(` + otherKindSQL + `))`
-
 	// qLeaderRecord records the leader of a hold that has taken its fence
 	// (the head slot's qQueueTake, or an exclusive ticket's qTicketTake):
 	// the row of this session and name, with the hold's token, its fence
@@ -1158,45 +1153,71 @@ ON DUPLICATE KEY UPDATE fence = IF(kind = 4, LAST_INSERT_ID(fence + 1), fence + 
 	// session. It writes only while the hold is there (the head slot or
 	// the ticket with this token), so that a statement that the client
 	// gave up on and that lands late, after the hold ended, records
-	// nothing; a later hold of the session is not possible before this
-	// one's ticket or slot is gone (one hold per session and name). Args:
-	// name, lease id, token, term, value, queue key, lease id, token,
-	// queue key, lease id, token. RowsAffected 0: the hold is gone.
+	// nothing. That check is a plain read at the statement's start, not
+	// at its write: a record delayed in the server past its hold's end
+	// and a later hold's record would still land, so it replaces only a
+	// row of a lower term (terms of a name strictly increase with each
+	// hold; each assignment is conditional, term's last, as the server
+	// assigns them in order). Args: name, lease id, token, term, value,
+	// queue key, lease id, token, queue key, lease id, token.
+	// RowsAffected 0: the hold is gone (or a later one recorded).
 	qLeaderRecord = `INSERT INTO {leader} (name, holder, token, term, ver, value)
 SELECT ?, ?, ?, ?, 0, ? FROM DUAL
-WHERE EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
-   OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `)
-ON DUPLICATE KEY UPDATE token = VALUES(token), term = VALUES(term), ver = 0, value = VALUES(value)`
+WHERE ` + leaderHeldSQL + `
+ON DUPLICATE KEY UPDATE token = IF(VALUES(term) > term, VALUES(token), token), ver = IF(VALUES(term) > term, 0, ver),
+  value = IF(VALUES(term) > term, VALUES(value), value), term = GREATEST(term, VALUES(term))`
 
 	// qLeaderProclaim changes the leader's value, only while its lease is
 	// live (the server's clock) and its hold is there, and only to a later
 	// ver than the row has: ver is chosen by the client, one above the
 	// last it sent, so that a Proclaim the client gave up on that lands
 	// after a later one changes nothing. Args: value, ver, name, lease
-	// id, token, ver, queue key, queue key. RowsAffected 1: changed (ver
-	// always changes, whatever clientFoundRows says); 0: not leading.
+	// id, token, ver, queue key, lease id, token, queue key, lease id,
+	// token. RowsAffected 1: changed (ver always changes, whatever
+	// clientFoundRows says); 0: not leading.
 	qLeaderProclaim = `UPDATE {leader} SET value = ?, ver = ?
 WHERE name = ? AND holder = ? AND token = ? AND ver < ?
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {leader}.holder AND l.expires_at > UTC_TIMESTAMP(6))
-  AND (EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = {leader}.holder AND q.token = {leader}.token)
-       OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = {leader}.holder AND t.token = {leader}.token
-                  AND t.seq < ` + markerBaseSQL + `))`
+  AND ` + leaderHeldSQL
+
+	// leaderHeldSQL is true while a session's hold of an election is
+	// there: the head slot of its queue key, or an exclusive ticket (not
+	// a marker), with the session's lease id and the hold's token. It is
+	// spliced into qLeaderRecord and qLeaderProclaim. Args: queue key,
+	// lease id, token, queue key, lease id, token.
+	leaderHeldSQL = `(EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
+  OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `))`
 
 	// qLeaderRead reads an election's holder and its leader row in one
-	// statement (one view of the tables): the live holder of the head
-	// slot, else the first live ticket (an Election's tickets are all
-	// exclusive: the first live one holds once it has taken the fence),
+	// statement (one view of the tables): the live ticket whose record
+	// has the name's current fence as its term (the hold that took the
+	// fence: it holds while its ticket and lease are there), else the
+	// live holder of the head slot, else the first live ticket (an
+	// Election's tickets are all exclusive: the first live one holds once
+	// it has taken the fence). The first of these makes the answer right
+	// after the server's clock stepped back: a lease that had ended may
+	// then be live again on that clock, and its ticket, still ahead of the
+	// leader's, the first live one (found by the checker:
+	// TestElectionClockBackRepro in internal/torture). The holder is
 	// joined by lease id and token with its leader row, which exists only
 	// once that hold has taken its fence and recorded it (qLeaderRecord).
 	// So a term is never paired with another hold's value, nor reported
 	// before its hold took it; a holder whose lease has ended on the
-	// server's clock is no holder. Args: queue key, queue key, name.
-	// Result: term, ver and value (NULL: the holder has not recorded
+	// server's clock is no holder. Args: name, queue key, queue key,
+	// queue key, name. Result: term, ver and value (NULL: the holder has not recorded
 	// itself yet, so nobody leads), the holder's lease id, its doorbell's
 	// generation (0: none), and how long its lease has left in
-	// microseconds. No row: nobody holds or waits.
+	// microseconds. No row: nobody holds or waits. Only the last member
+	// of the UNION is in parentheses (its ORDER BY and LIMIT need them): a
+	// derived table that starts with a parenthesized member does not parse
+	// on MySQL 5.7 and MariaDB 10.3.
 	qLeaderRead = `SELECT c.term, c.ver, c.value, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
-FROM ((SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0)
+FROM (SELECT -1 AS pos, t.holder, t.token FROM {ticket} t
+        JOIN {leader} rc ON rc.name = ? AND rc.holder = t.holder AND rc.token = t.token
+        JOIN {queue} rq ON rq.name = t.name AND rq.fence = rc.term
+      WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
+      UNION ALL
+      SELECT 0, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0
       UNION ALL
       (SELECT 1, t.holder, t.token FROM {ticket} t JOIN {lease} tl ON tl.id = t.holder
        WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND tl.expires_at > UTC_TIMESTAMP(6)
@@ -1508,8 +1529,6 @@ const (
 	sTicketReleaseRing
 	sTicketTakeWoken
 	sTicketConflictsWoken
-	sElectionBind
-	sElectionBindNoWait
 	sLeaderRecord
 	sLeaderProclaim
 	sLeaderRead
@@ -1611,8 +1630,6 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketReleaseRing] = r.Replace(qTicketReleaseRing)
 	q.prepared[sTicketTakeWoken] = r.Replace(qTicketTakeWoken)
 	q.prepared[sTicketConflictsWoken] = r.Replace(qTicketConflictsWoken)
-	q.prepared[sElectionBind] = r.Replace(qElectionBind)
-	q.prepared[sElectionBindNoWait] = noWaitSQL + r.Replace(qElectionBind)
 	q.prepared[sLeaderRecord] = r.Replace(qLeaderRecord)
 	q.prepared[sLeaderProclaim] = r.Replace(qLeaderProclaim)
 	q.prepared[sLeaderRead] = r.Replace(qLeaderRead)

@@ -144,7 +144,7 @@ func (s *Session) enqueue(ctx context.Context, c *call, name string, lq *localQu
 // createQueueRow creates the name's queue row (qQueueCreate), unless it
 // exists, in one transaction with qQueueBind, which binds the name to the
 // queued locks (see "One name, one kind" in queries.go), or, for an
-// Election's queue key, qElectionBind (see boundAs). It returns
+// Election's queue key, to the Elections (see boundAs). It returns
 // ErrOtherKind when another kind uses the name, and creates nothing then.
 //
 // The bind does not wait for a transaction that holds the lock row (the

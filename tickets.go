@@ -110,10 +110,6 @@ func (t *tickets) takeSlot(ctx context.Context, c *call, name string, token int6
 // wait timeout (errLockWaitTimeout) when a transaction holds the lock row.
 func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 	row, want := boundAs(name)
-	plain, variant := sQueueBind, sQueueBindNoWait
-	if want == kindRowElection {
-		plain, variant = sElectionBind, sElectionBindNoWait
-	}
 	kind := kindRowNone
 	err := t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		var err error
@@ -124,7 +120,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 			(*hook)(name)
 		}
 		for {
-			stmt := t.st.noWait(plain, variant)
+			stmt := t.st.noWait(sQueueBind, sQueueBindNoWait)
 			bind, err := c.Stmt(ctx, t.st.pool, int(stmt))
 			if err != nil {
 				return err
@@ -136,7 +132,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 			// No retry after a lock wait timeout: createQueueRow decides.
 			_, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 				return nil, enqueueTx(ctx, c, func() error {
-					res, err := bind.ExecContext(ctx, row)
+					res, err := bind.ExecContext(ctx, row, want, want)
 					var bound int64
 					if err == nil {
 						bound, err = res.LastInsertId()
@@ -153,7 +149,7 @@ func (t *tickets) bindQueueRow(ctx context.Context, name string) (int, error) {
 					return err
 				})
 			}, 0)
-			if stmt == variant && t.st.noWaitRefused(err) {
+			if stmt == sQueueBindNoWait && t.st.noWaitRefused(err) {
 				continue // the plain statement, from now on
 			}
 			return err
