@@ -134,7 +134,10 @@ func (r *reaper) purge() {
 	_, err := s.exec(ctx, sLeasePurge)
 	if err == nil {
 		_, _, err = listThenDelete(ctx, s, sTicketsOrphaned, nil,
-			func(rows *sql.Rows) (t ticket, err error) { return t, rows.Scan(&t.name, &t.seq, &t.holder) },
+			func(rows *sql.Rows) (t ticket, err error) {
+				err = rows.Scan(&t.name, &t.seq, &t.holder)
+				return t, err
+			},
 			func(ctx context.Context, t ticket) (int64, error) {
 				_, err := s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
 				return 0, err

@@ -173,7 +173,10 @@ func (s *sweeper) sweepLeaders() (deleted int64) {
 		holder int64
 	}
 	deleted, _, err := listThenDelete(ctx, s.st, sLeadersEnded, []any{sweepBatch},
-		func(rows *sql.Rows) (r leaderRow, err error) { return r, rows.Scan(&r.name, &r.holder) },
+		func(rows *sql.Rows) (r leaderRow, err error) {
+			err = rows.Scan(&r.name, &r.holder)
+			return r, err
+		},
 		func(ctx context.Context, r leaderRow) (int64, error) {
 			return s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
 		})
@@ -208,7 +211,10 @@ func (s *sweeper) sweepTxLocks(age time.Duration) (deleted int64) {
 // deletes those still idle and not held.
 func (s *sweeper) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
 	return listThenDelete(ctx, s.st, sTxLockIdle, []any{age.Microseconds(), sweepBatch},
-		func(rows *sql.Rows) (name string, err error) { return name, rows.Scan(&name) },
+		func(rows *sql.Rows) (name string, err error) {
+			err = rows.Scan(&name)
+			return name, err
+		},
 		func(ctx context.Context, name string) (int64, error) {
 			res, err := s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
 			if isErrNo(err, errLockWaitTimeout) {

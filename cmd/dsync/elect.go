@@ -127,7 +127,7 @@ func (c *runConfig) observeLeaders() int {
 		}
 		return unavailable(err)
 	}
-	defer s.Close()
+	defer func() { s.Close() }() // the session of the moment: a lost one is replaced
 
 	e := dsync.NewElection(s, c.name)
 	look, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
@@ -168,9 +168,27 @@ func (c *runConfig) observeLeaders() int {
 			return exitUnavailable
 		}
 		fmt.Fprintf(stderr, "dsync: session lost while observing election %q (%s); observing again with a new one\n", c.name, errText(fmt.Sprint(s.Err())))
-		select {
-		case <-r.ctx.Done():
-		case <-time.After(observeRetry):
+		// A lost lease is replaced only by a lock call, which an observer
+		// never makes: it opens a new session instead, once a second at
+		// most while the database is out.
+		s.Close()
+		for {
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(observeRetry):
+			}
+			if sig, ok := r.received(); ok {
+				return exitSignal + int(sig)
+			}
+			setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
+			next, err := dsync.NewSession(setup, db, c.options()...)
+			cancel()
+			if err == nil {
+				s = next
+				e = dsync.NewElection(s, c.name)
+				break
+			}
+			fmt.Fprintf(stderr, "dsync: no new session yet (%s)\n", errText(err.Error()))
 		}
 	}
 }

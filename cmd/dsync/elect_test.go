@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dsynclock/dsync"
+	"github.com/dsynclock/dsync/internal/dbtest"
 )
 
 // TestElectOneLeaderAtATime: dsync elect processes started together run
@@ -173,4 +174,66 @@ func TestElectUsage(t *testing.T) {
 			t.Errorf("dsync %q: exit status %d; want %d (stderr %q)", a, r.code, exitUsage, r.stderr)
 		}
 	}
+}
+
+// TestElectObserveAcrossLostLease: dsync elect --observe whose lease is
+// lost (its connection cut until the lease ends on the server) opens a new
+// session and goes on printing leaders: a leader elected after the cut is
+// printed. (Before, it said it would observe again, every second, and
+// never did: a lost lease is replaced only by a lock call.)
+func TestElectObserveAcrossLostLease(t *testing.T) {
+	bg := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	db := dbtest.Open(t)
+	name, label := lockName(t), lockName(t)
+	cmd, _, _ := dsyncCmd("elect", "--observe", "--json", "--dsn", dsn, "--ttl", "1s", "--label", label, name)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = pw
+	d := startCmd(t, cmd, nil, nil)
+	pw.Close()
+	lines := make(chan observedLeader, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var l observedLeader
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				lines <- l
+			}
+		}
+	}()
+	live := func() (id int64) {
+		_ = db.QueryRowContext(bg, "SELECT id FROM dsync_lease WHERE label = ? AND expires_at > UTC_TIMESTAMP(6)", label).Scan(&id)
+		return id
+	}
+	var first int64
+	waitFor(t, "the observer's session", func() bool { first = live(); return first != 0 })
+	before := p.Stats()
+	p.Cut(true)
+	waitFor(t, "the observer's lease to end on the server", func() bool { return live() == 0 })
+	if p.Stats().Dropped == before.Dropped {
+		t.Fatalf("proxy: no byte dropped after the cut; the fault did not happen")
+	}
+	p.Cut(false)
+	waitFor(t, "the observer's new session", func() bool { id := live(); return id != 0 && id != first })
+	e := dsync.NewElection(newSession(t), name)
+	if err := e.Campaign(bg, "after-the-cut"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l, ok := <-lines:
+		if !ok || l.Value != "after-the-cut" || l.Term != e.Term() {
+			t.Fatalf("after the lost lease: got %+v (open %v); want the new leader at term %d", l, ok, e.Term())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("dsync elect --observe printed nothing in 20s after its lease was lost and replaced")
+	}
+	d.signal(t, syscall.SIGTERM)
+	if r := d.wait(t); r.code != exitSignal+int(syscall.SIGTERM) {
+		t.Errorf("exit status after SIGTERM: got %d; want %d", r.code, exitSignal+int(syscall.SIGTERM))
+	}
+	pr.Close()
 }

@@ -332,7 +332,7 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, s *dsync.Session, l *lock) int
 		}
 		fmt.Fprintf(stderr, "dsync: %s; the command did not run (%s)\n", errText(err.Error()), takes)
 		return exitOtherKind
-	case errors.Is(err, dsync.ErrInvalidName):
+	case errors.Is(err, dsync.ErrInvalidName), errors.Is(err, dsync.ErrValueTooLong):
 		return usageError(err.Error())
 	}
 	return unavailable(err)
