@@ -115,17 +115,9 @@ func (c *runConfig) observeLeaders() int {
 		return unavailable(err)
 	}
 	defer db.Close()
-	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
-	s, err := dsync.NewSession(setup, db, c.options()...)
-	cancel()
-	if err != nil {
-		if sig, ok := r.received(); ok {
-			return exitSignal + int(sig)
-		}
-		if errors.Is(err, dsync.ErrInvalidOption) {
-			return usageError(err.Error())
-		}
-		return unavailable(err)
+	s, code := c.newSession(r, db)
+	if code >= 0 {
+		return code
 	}
 	defer func() { s.Close() }() // the session of the moment: a lost one is replaced
 

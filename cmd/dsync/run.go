@@ -212,6 +212,28 @@ func (c *runConfig) options() []dsync.Option {
 	return opts
 }
 
+// newSession opens the session of dsync run or elect on db within
+// --connect-timeout. It returns -1 and the session, or the exit status
+// when none could be opened (a signal, a usage error, or the database).
+func (c *runConfig) newSession(r *relay, db *sql.DB) (*dsync.Session, int) {
+	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
+	s, err := dsync.NewSession(setup, db, c.options()...)
+	cancel()
+	if err != nil {
+		if sig, ok := r.received(); ok {
+			return nil, exitSignal + int(sig)
+		}
+		if errors.Is(err, dsync.ErrInvalidOption) {
+			return nil, usageError(err.Error())
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no session within --connect-timeout %v: %w", c.connectTimeout, err)
+		}
+		return nil, unavailable(err)
+	}
+	return s, -1
+}
+
 // run connects, takes the lock, runs the command and releases the lock,
 // and returns the exit status.
 func (c *runConfig) run() int {
@@ -223,20 +245,9 @@ func (c *runConfig) run() int {
 		return unavailable(err)
 	}
 	defer db.Close()
-	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
-	s, err := dsync.NewSession(setup, db, c.options()...)
-	cancel()
-	if err != nil {
-		if sig, ok := r.received(); ok {
-			return exitSignal + int(sig)
-		}
-		if errors.Is(err, dsync.ErrInvalidOption) {
-			return usageError(err.Error())
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no session within --connect-timeout %v: %w", c.connectTimeout, err)
-		}
-		return unavailable(err)
+	s, code := c.newSession(r, db)
+	if code >= 0 {
+		return code
 	}
 	defer func() {
 		if err := s.Close(); err != nil {
