@@ -128,7 +128,8 @@ func (c *runConfig) observeLeaders() int {
 	switch {
 	case errors.Is(err, dsync.ErrInvalidName):
 		return usageError(err.Error())
-	case err != nil && !errors.Is(err, dsync.ErrNoLeader):
+	case err != nil && !errors.Is(err, dsync.ErrNoLeader) && s.Err() == nil:
+		// (A lease lost already is replaced below, as one lost later.)
 		if sig, ok := r.received(); ok {
 			return exitSignal + int(sig)
 		}
