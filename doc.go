@@ -51,9 +51,9 @@
 //
 // A name is one lock. FairMutex and RWMutex share their names: a FairMutex
 // is the write side of the RWMutex of the same name. A name is bound to
-// the kind that used it first, Mutex or the queued locks, and the other
-// kind gets [ErrOtherKind] (never both hold it), until the clean-up has
-// deleted the name's idle rows.
+// the kind that used it first, Mutex, the queued locks or Election, and
+// the other kinds get [ErrOtherKind] (never two of them hold it), until
+// the clean-up has deleted the name's idle rows.
 //
 // # Operators
 //
@@ -77,7 +77,7 @@
 //
 //	lock         string         the lock name
 //	kind         string         the kind of lock: "mutex" (Mutex), "queue" (FairMutex, RWMutex) or "election" (Election); a name is one kind's
-//	op           string         the call: "lock" (Lock of any kind), "rlock" (RLock) or "locktx" (LockTx)
+//	op           string         the call: "lock" (Lock of any kind), "rlock" (RLock), "locktx" (LockTx) or "campaign" (Campaign)
 //	err          error          what failed
 //	waited       time.Duration  from the call to its return
 //	acquired     bool           the call returned holding the lock

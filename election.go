@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
@@ -49,6 +50,7 @@ type Election struct {
 	name string
 
 	camp chan struct{} // holds a value while a Campaign runs: one at a time
+	proc chan struct{} // holds a value while a Proclaim runs: one at a time, so that they land in the order of their vers and value is the database's
 
 	mu    sync.Mutex
 	g     *Session // guarded by mu; the lease of this session's leadership; nil: not leading
@@ -56,6 +58,7 @@ type Election struct {
 	term  int64    // guarded by mu; the hold's fence
 	ver   int64    // guarded by mu; the ver of the last Proclaim sent in this term
 	value string   // guarded by mu; the value last recorded in this term
+	stale bool     // guarded by mu; a Proclaim failed after it was sent: the database may hold its value, not value
 }
 
 // maxValueLen is the longest value of a leader (the leader table's BLOB).
@@ -65,7 +68,8 @@ const maxValueLen = 65535
 // invalid name every method returns [ErrInvalidName] (Observe a closed
 // channel). NewElection panics if s is nil.
 func NewElection(s *Session, name string) *Election {
-	return &Election{q: newQueued(s, kindRowElection, name, "Election"), name: name, camp: make(chan struct{}, 1)}
+	return &Election{q: newQueued(s, kindRowElection, name, "Election"), name: name,
+		camp: make(chan struct{}, 1), proc: make(chan struct{}, 1)}
 }
 
 // Name returns the election's name.
@@ -80,49 +84,68 @@ func (e *Election) Name() string { return e.name }
 // leads nothing and has left nothing in the database (a hold taken as ctx
 // ended is given back, at once or by the session's keep-alive). It
 // returns [ErrInvalidName], [ErrValueTooLong], [ErrOtherKind], ctx's
-// error, [ErrSessionExpired], [ErrSessionClosed] or a database error.
+// error, [ErrSessionExpired], [ErrSessionClosed], [ErrNotLeader] (it led,
+// and the leadership ended before it proclaimed value) or a database
+// error.
 func (e *Election) Campaign(ctx context.Context, value string) error {
+	_, err := e.campaign(ctx, value, true)
+	return err
+}
+
+// TryCampaign leads the election with value only if nobody leads it and
+// nobody campaigns: it never joins the line. It returns false, nil
+// otherwise, and errors as Campaign does. It waits only for a new lease,
+// as [Mutex.TryLock] says. When this Election leads already, it returns
+// true, after it has proclaimed value if that differs.
+func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
+	return e.campaign(ctx, value, false)
+}
+
+// campaign is Campaign (wait) and TryCampaign.
+func (e *Election) campaign(ctx context.Context, value string, wait bool) (bool, error) {
 	if err := e.check(value); err != nil {
-		return err
+		return false, err
 	}
 	select {
 	case e.camp <- struct{}{}:
 	case <-ctx.Done():
-		return opErrorf(ctx.Err(), "campaign %q", e.name)
+		return false, opErrorf(ctx.Err(), "campaign %q", e.name)
 	}
 	defer func() { <-e.camp }()
 	if e.Term() != 0 {
 		e.mu.Lock()
-		same := e.value == value
+		same := e.value == value && !e.stale
 		e.mu.Unlock()
 		if same {
-			return nil
+			return true, nil
 		}
-		return e.Proclaim(ctx, value)
+		err := e.Proclaim(ctx, value)
+		return err == nil, err
 	}
 	// Leadership has no owner: any goroutine may resign it.
 	ctx = context.WithValue(ctx, ownerKey{}, uint64(0))
-	c := e.q.s.track(kindElection, "campaign", e.name, true)
-	_, err := e.q.s.withLease(ctx, c, func(g *Session) (bool, error) { return e.campaignOn(ctx, c, g, value) })
-	return err
+	c := e.q.s.track(kindElection, "campaign", e.name, wait)
+	return e.q.s.withLease(ctx, c, func(g *Session) (bool, error) { return e.campaignOn(ctx, c, g, value, wait) })
 }
 
 // campaignOn runs Campaign on the lease g: it takes the lock, then records
 // the leader (qLeaderRecord). When the record fails, the hold is given
 // back and the record, should it have landed, deleted.
-func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value string) (bool, error) {
+func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value string, wait bool) (bool, error) {
 	q := e.q.on(g)
-	if ok, err := q.lockOn(ctx, c, true); !ok {
+	if ok, err := q.lockOn(ctx, c, wait); !ok {
 		return false, e.rename(err, "campaign")
 	}
 	lq := g.queues.lookup(q.name)
 	lq.mu.Lock()
 	token, term := lq.token, lq.fence
 	lq.mu.Unlock()
-	n, err := g.store.execCount(ctx, sLeaderRecord, e.name, g.id, token, term, value,
-		q.name, g.id, token, q.name, g.id, token)
+	if hook := electionTakeHook.Load(); hook != nil {
+		(*hook)(e.name, token, term)
+	}
+	n, err := e.record(ctx, g, token, term, value)
 	if err == nil && n == 0 {
-		err = errors.New("the hold ended before the leader was recorded (released by force?)")
+		err = errors.New("the hold ended before the leader was recorded")
 	}
 	if err != nil {
 		// The hold is given back, also when ctx has ended (see undo), and
@@ -142,12 +165,30 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 		return false, opErrorf(err, "campaign %q", e.name)
 	}
 	e.mu.Lock()
-	e.g, e.token, e.term, e.ver, e.value = g, token, term, 0, value
+	e.g, e.token, e.term, e.ver, e.value, e.stale = g, token, term, 0, value, false
 	e.mu.Unlock()
 	// Observers that found this session at the head of the line, not yet
 	// recorded, block on its doorbell.
 	g.bell.ring()
 	return true, nil
+}
+
+// electionTakeHook, when set, runs in campaignOn between the take of the
+// election's lock and the record of the leader, with the election's name
+// and the hold's token and term; tests set it (see export_test.go).
+var electionTakeHook atomic.Pointer[func(name string, token, term int64)]
+
+// record records this session, on the lease g, as the leader with value
+// for the hold of token and term (qLeaderRecord), and returns how many
+// rows it changed: 0 when the hold is gone.
+func (e *Election) record(ctx context.Context, g *Session, token, term int64, value string) (int64, error) {
+	return g.store.execCount(ctx, sLeaderRecord, append([]any{e.name, g.id, token, term, value}, e.heldArgs(g, token)...)...)
+}
+
+// heldArgs returns the arguments of leaderHeldSQL for the hold of token
+// on the lease g.
+func (e *Election) heldArgs(g *Session, token int64) []any {
+	return []any{e.q.name, g.id, token, e.q.name, g.id, token}
 }
 
 // Proclaim changes the leader's value to value without giving up
@@ -156,11 +197,21 @@ func (e *Election) campaignOn(ctx context.Context, c *call, g *Session, value st
 // error when the session has ended), [ErrInvalidName], [ErrValueTooLong],
 // ctx's error or a database error. A Proclaim that failed otherwise than
 // with ErrNotLeader may have changed the value or not; one that the
-// client gave up on never lands after a later one.
+// client gave up on never lands after a later one. Proclaims of one
+// Election run one at a time, in the order they got their turn; each
+// rings the leader session's doorbell, which wakes its observers, and
+// also the waiters for the session's other locks, who read once and block
+// again.
 func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := e.check(value); err != nil {
 		return err
 	}
+	select {
+	case e.proc <- struct{}{}:
+	case <-ctx.Done():
+		return opErrorf(ctx.Err(), "proclaim %q", e.name)
+	}
+	defer func() { <-e.proc }()
 	e.mu.Lock()
 	g, token := e.g, e.token
 	e.ver++ // also after a failure: a late landing of this one is then older than the next
@@ -172,7 +223,14 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	if err := g.leaseErr(); err != nil {
 		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, err), "proclaim %q", e.name)
 	}
-	n, err := g.store.execCount(ctx, sLeaderProclaim, value, ver, e.name, g.id, token, ver, e.q.name, e.q.name)
+	n, err := g.store.execCount(ctx, sLeaderProclaim, append([]any{value, ver, e.name, g.id, token, ver}, e.heldArgs(g, token)...)...)
+	if err != nil {
+		e.mu.Lock()
+		if e.g == g && e.token == token {
+			e.stale = true // it may land yet: a Campaign of value proclaims it again
+		}
+		e.mu.Unlock()
+	}
 	switch {
 	case err != nil && g.leaseErr() != nil:
 		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, g.leaseErr()), "proclaim %q", e.name)
@@ -183,7 +241,7 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	}
 	e.mu.Lock()
 	if e.g == g && e.token == token {
-		e.value = value
+		e.value, e.stale = value, false
 	}
 	e.mu.Unlock()
 	g.bell.ring() // observers block on the leader's doorbell
@@ -202,7 +260,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	}
 	e.mu.Lock()
 	g, token := e.g, e.token
-	e.g, e.token, e.term, e.value = nil, 0, 0, ""
+	e.g, e.token, e.term, e.value, e.stale = nil, 0, 0, "", false
 	e.mu.Unlock()
 	if g == nil || !e.holds(g, token) {
 		return nil
@@ -290,8 +348,12 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // proclaims, resigns or leads (and which its connection's end rings when
 // its process dies), and reads again at the latest when the leader's
 // lease would end, within 8 seconds: an observer of a leader that changes
-// nothing sends a statement or two per wait. While nobody holds or waits
-// for the election it reads once a second; on a Galera cluster, and where
+// nothing sends a statement or two per wait. A session blocks on one
+// doorbell at a time: while its own Campaign waits behind a campaigner
+// that does not lead (it blocks on that one's doorbell), or no connection
+// can be had to block with, the observer reads once a second instead, and
+// sees a change within a second. While nobody holds or waits for the
+// election it reads once a second too; on a Galera cluster, and where
 // doorbells are not used (see the package's Waiting section), it reads
 // four times a second.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
@@ -307,9 +369,10 @@ func (e *Election) Observe(ctx context.Context) <-chan Leader {
 
 // How an observer waits when it cannot block on a leader's doorbell:
 // observeIdle while nobody holds or waits for the election (nobody's
-// doorbell to block on: a first Campaign is seen within it), observePoll
-// where doorbells are not used (Galera), within the polling budget either
-// way.
+// doorbell to block on: a first Campaign is seen within it), and while its
+// session's waiting connection blocks on another doorbell or none can be
+// had (see bellWaiter.wait); observePoll where doorbells are not used
+// (Galera); within the polling budget either way.
 const (
 	observeIdle = time.Second
 	observePoll = 250 * time.Millisecond
@@ -363,7 +426,18 @@ func (e *Election) observe(ctx context.Context, g *Session, ch chan<- Leader) {
 				d = bells.nextPace(&polls)
 				break
 			}
-			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) == waitPace {
+			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) != waitPace {
+				break
+			}
+			if bells.busy {
+				// The session's connection blocks on another doorbell
+				// (its own Campaign waits behind another campaigner),
+				// maybe for as long as the line stands still, or none
+				// can be had: read at the idle pace, not a lock
+				// waiter's connPace.
+				bells.busy = false
+				d = polls.delay(observeIdle)
+			} else {
 				d = bells.nextPace(&polls)
 			}
 		}
@@ -396,7 +470,7 @@ func (e *Election) read(ctx context.Context, g *Session) (leaderRead, error) {
 	var term, ver sql.NullInt64
 	var value []byte
 	err := g.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return g.store.query(ctx, c, sLeaderRead, []any{e.q.name, e.q.name, e.name},
+		return g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
 			&term, &ver, &value, &r.id, &r.bell, &r.left)
 	})
 	switch {

@@ -3,7 +3,9 @@ package dsync_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,6 +204,47 @@ func TestElectionProclaim(t *testing.T) {
 	}
 }
 
+// TestElectionConcurrentProclaims has four goroutines proclaim at once on
+// the Election of a leader that keeps leading: none of them gets
+// ErrNotLeader, and after each round the value the Election believes it
+// leads with (what a Campaign compares with) is the one the database
+// holds.
+func TestElectionConcurrentProclaims(t *testing.T) {
+	bg := context.Background()
+	e := dsync.NewElection(newSession(t), lockName(t))
+	if err := e.Campaign(bg, "start"); err != nil {
+		t.Fatal(err)
+	}
+	const rounds, goroutines, each = 10, 4, 5
+	for r := range rounds {
+		errs := make(chan error, goroutines*each)
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := e.Proclaim(bg, fmt.Sprintf("r%d g%d i%d", r, g, i)); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: concurrent Proclaim of a leader that leads: got %v; want nil", r, err)
+		}
+		got := mustLeader(t, e)
+		if cached, stale := dsync.ProclaimedValue(e); got.Value != cached || stale {
+			t.Fatalf("round %d: the database's value %q, the Election's %q (unsure %v); want the same", r, got.Value, cached, stale)
+		}
+	}
+	if e.Term() == 0 {
+		t.Fatal("Term after the Proclaims: got 0; want the leader's term")
+	}
+}
+
 // TestElectionMisuse: bad names and values get sentinel errors, never a
 // panic.
 func TestElectionMisuse(t *testing.T) {
@@ -240,8 +283,8 @@ func TestElectionMisuse(t *testing.T) {
 
 // TestElectionOtherKind: a name is one lock. An Election of a name that a
 // Mutex or FairMutex uses gets ErrOtherKind, and so do a Mutex (Lock,
-// LockTx), a FairMutex and an RWMutex reader of an Election's name: none
-// of them takes it for its own. (The Mutex statement once answered a
+// TryLock, LockTx), a FairMutex and an RWMutex reader of an Election's
+// name: none of them takes it for its own. (The Mutex statement once answered a
 // fence for a row of a kind other than 0 or 1: a hold without a row.)
 func TestElectionOtherKind(t *testing.T) {
 	bg := context.Background()
@@ -264,7 +307,14 @@ func TestElectionOtherKind(t *testing.T) {
 	if err := e.Campaign(bg, "v"); err != nil {
 		t.Fatal(err)
 	}
-	other := newSession(t)
+	db := dbtest.Open(t)
+	other := sessionOn(t, db)
+	if end, err := kindLockers["Mutex.LockTx"].lockOn(bg, other, db, electionName); !errors.Is(err, dsync.ErrOtherKind) {
+		if err == nil {
+			end()
+		}
+		t.Errorf("Mutex.LockTx of an Election's name: got %v; want ErrOtherKind", err)
+	}
 	if err := dsync.NewMutex(other, electionName).Lock(bg); !errors.Is(err, dsync.ErrOtherKind) {
 		t.Errorf("Mutex.Lock of an Election's name: got %v; want ErrOtherKind", err)
 	}
@@ -324,6 +374,57 @@ func TestElectionCancelledCampaignLeavesNothing(t *testing.T) {
 	}
 	if _, err := leader.Leader(bg); !errors.Is(err, dsync.ErrNoLeader) {
 		t.Fatalf("Leader after the leader resigned: got %v; want ErrNoLeader", err)
+	}
+}
+
+// TestElectionCampaignCancelledAfterTakeLeavesNothing cancels a Campaign
+// after it took the lock and before its record of the leader, with the
+// record written meanwhile (as a record that lands after its client gave
+// up would be): the Campaign returns ctx's error, its hold and its leader
+// row go, nobody leads, and another session's TryCampaign leads at once.
+func TestElectionCampaignCancelledAfterTakeLeavesNothing(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	ws := newSession(t)
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	var recorded error
+	restore := dsync.AfterElectionTake(func(n string, token, term int64) {
+		if n == name {
+			_, recorded = dsync.RecordLeader(ws, name, token, term, "waiter")
+			cancel()
+		}
+	})
+	defer restore()
+	if err := dsync.NewElection(ws, name).Campaign(ctx, "waiter"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Campaign cancelled after its take: got %v; want context.Canceled", err)
+	}
+	restore()
+	if recorded != nil {
+		t.Fatalf("the record written after the take: %v", recorded)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var holds, leaders int
+		if err := db.QueryRow(`SELECT (SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?)
+  + (SELECT COUNT(*) FROM dsync_queue WHERE name = ? AND holder = ?),
+  (SELECT COUNT(*) FROM dsync_leader WHERE name = ? AND holder = ?)`,
+			electionKey(name), ws.ID(), electionKey(name), ws.ID(), name, ws.ID()).Scan(&holds, &leaders); err != nil {
+			t.Fatal(err)
+		}
+		if holds == 0 && leaders == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rows of the Campaign cancelled after its take, after 5s: %d holds, %d leader rows; want none", holds, leaders)
+		}
+	}
+	other := dsync.NewElection(newSession(t), name)
+	if _, err := other.Leader(bg); !errors.Is(err, dsync.ErrNoLeader) {
+		t.Fatalf("Leader after the cancelled Campaign: got %v; want ErrNoLeader", err)
+	}
+	if ok, err := other.TryCampaign(bg, "other"); !ok || err != nil {
+		t.Fatalf("TryCampaign after the cancelled Campaign: got %v, %v; want true, nil", ok, err)
 	}
 }
 
@@ -455,24 +556,12 @@ func TestElectionLeaderLostBeforeNextLeads(t *testing.T) {
 	if got := o.next(t, "the first leader", 5*time.Second); got.Session != as.ID() || got.Term != aTerm {
 		t.Fatalf("first delivery: got %+v; want a (%d) with term %d", got, as.ID(), aTerm)
 	}
-	aDone := make(chan time.Time, 1)
-	go func() {
-		select {
-		case <-as.Done():
-			aDone <- time.Now()
-		case <-ctx.Done():
-		}
-	}()
 	bDone := campaignAsync(bg, b, "b")
 	waitTickets(t, direct, electionKey(name), 2)
 	p.Cut(true)
 	mustLead(t, "b", bDone)
-	bLeads := time.Now()
 	select {
-	case at := <-aDone:
-		if !at.Before(bLeads) {
-			t.Fatalf("a's Done closed %v after b's Campaign returned; want before", at.Sub(bLeads))
-		}
+	case <-as.Done():
 	default:
 		t.Fatal("a's Done still open when b's Campaign returned; want closed before")
 	}
@@ -516,17 +605,74 @@ func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 	defer cancel()
 	o := observed{dsync.NewElection(sessionOn(t, dbtest.Open(t)), name).Observe(ctx)}
 	o.next(t, "the leader", 5*time.Second)
-	time.Sleep(500 * time.Millisecond) // the observer settles on the doorbell
-	q := questions(t)
-	time.Sleep(hold)
-	observing := questions(t) - q - 1 // less the first questions call's own statement
-	rate := float64(observing-idle) / hold.Seconds()
-	t.Logf("statements in %v: %d idle, %d with an observer (%.2f/s)", hold, idle, observing, rate)
-	if rate >= 1 {
+	if rate := rateBeyond(t, idle, hold, "an observer"); rate >= 1 {
 		t.Errorf("got %.2f statements/s for an idle observer; want fewer than 1", rate)
 	}
 	cancel()
 	for range o.ch {
+	}
+}
+
+// rateBeyond lets the observers settle on their doorbells for 500ms, then
+// counts the server's statements for hold and returns how many a second
+// they were beyond idle (what idleStatements counted for hold), logging
+// both as sent with what.
+func rateBeyond(t *testing.T, idle int64, hold time.Duration, what string) float64 {
+	t.Helper()
+	time.Sleep(500 * time.Millisecond)
+	q := questions(t)
+	time.Sleep(hold)
+	n := questions(t) - q - 1 // less the first questions call's own statement
+	rate := float64(n-idle) / hold.Seconds()
+	t.Logf("statements in %v: %d idle, %d with %s (%.2f/s)", hold, idle, n, what, rate)
+	return rate
+}
+
+// TestElectionCampaignersObserversDoNotPoll runs the usual deployment: three
+// sessions each Campaign and Observe one election, one leads, nothing
+// changes for 3s. The third session's campaigner blocks on the second's
+// doorbell, so its observer has no connection to block on the leader's:
+// it reads at the idle pace, so all of them send fewer than 3 statements
+// a second beyond what three idle sessions send (polling at the lock
+// waiters' pace, they sent about 10).
+func TestElectionCampaignersObserversDoNotPoll(t *testing.T) {
+	slowTest(t)
+	const hold = 3 * time.Second
+	idle := idleStatements(t, 3, hold)
+	bg := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	var obs []observed
+	var waiting []<-chan error
+	for i := range 3 {
+		e := dsync.NewElection(newSession(t), name)
+		done := campaignAsync(ctx, e, "v")
+		if i == 0 {
+			mustLead(t, "first", done)
+		} else {
+			waiting = append(waiting, done)
+			waitTickets(t, db, electionKey(name), i+1)
+		}
+		obs = append(obs, observed{e.Observe(ctx)})
+	}
+	for i, o := range obs {
+		o.next(t, fmt.Sprintf("the leader (observer %d)", i), 5*time.Second)
+	}
+	if rate := rateBeyond(t, idle, hold, "3 campaigners and observers"); rate >= 3 {
+		t.Errorf("got %.2f statements/s for 3 idle campaigners and observers; want fewer than 3", rate)
+	}
+	for i, w := range waiting {
+		stillWaiting(t, fmt.Sprintf("campaigner %d", i+2), w)
+	}
+	cancel()
+	for _, w := range waiting {
+		<-w
+	}
+	for _, o := range obs {
+		for range o.ch {
+		}
 	}
 }
 
@@ -642,6 +788,39 @@ func TestOldMutexNeverTakesAnElectionName(t *testing.T) {
 	}
 }
 
+// TestElectionLateRecordKeepsTheNewerOne lands a session's leader record
+// of an earlier hold after the record of its later hold, as a record
+// delayed in the server past its hold's check would: the row keeps the
+// later hold's token, term and value. (The hold check is made true for
+// both tokens by hand: two exclusive tickets of the session.)
+func TestElectionLateRecordKeepsTheNewerOne(t *testing.T) {
+	name := lockName(t)
+	db := dbtest.Open(t)
+	s := newSession(t)
+	for seq, token := range []int64{1, 2} {
+		if _, err := db.Exec("INSERT INTO dsync_ticket (name, seq, holder, token, mode) VALUES (?, ?, ?, ?, 1)",
+			electionKey(name), seq+1, s.ID(), token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { db.Exec("DELETE FROM dsync_ticket WHERE name = ?", electionKey(name)) })
+	if n, err := dsync.RecordLeader(s, name, 2, 20, "newer"); n != 1 || err != nil {
+		t.Fatalf("record of the later hold: got %d, %v; want 1, nil", n, err)
+	}
+	if _, err := dsync.RecordLeader(s, name, 1, 10, "older"); err != nil {
+		t.Fatalf("late record of the earlier hold: got %v; want nil", err)
+	}
+	var token, term int64
+	var value string
+	if err := db.QueryRow("SELECT token, term, value FROM dsync_leader WHERE name = ? AND holder = ?", name, s.ID()).
+		Scan(&token, &term, &value); err != nil {
+		t.Fatal(err)
+	}
+	if token != 2 || term != 20 || value != "newer" {
+		t.Fatalf("leader row after a late record: token %d, term %d, value %q; want 2, 20, \"newer\"", token, term, value)
+	}
+}
+
 // TestElectionLeaderNeverPairsAnotherHoldsTerm puts the line in the state
 // between a new holder's turn and its record (a live ticket at the head,
 // as if its take had not run yet) with rows that must not count: the
@@ -678,5 +857,40 @@ func TestElectionLeaderNeverPairsAnotherHoldsTerm(t *testing.T) {
 	want := dsync.Leader{Value: "b", Session: bs.ID(), Term: a.Term() + 2}
 	if got := mustLeader(t, observer); got != want {
 		t.Fatalf("Leader after the holder's record: got %+v; want %+v", got, want)
+	}
+}
+
+// TestElectionTryCampaign: TryCampaign leads only when nobody leads or
+// campaigns, never joins the line, and reports this Election's own
+// leadership as obtained (proclaiming a new value).
+func TestElectionTryCampaign(t *testing.T) {
+	bg := context.Background()
+	name := lockName(t)
+	a := dsync.NewElection(newSession(t), name)
+	b := dsync.NewElection(newSession(t), name)
+	if ok, err := a.TryCampaign(bg, "a"); !ok || err != nil {
+		t.Fatalf("TryCampaign with nobody leading: got %v, %v; want true, nil", ok, err)
+	}
+	if ok, err := b.TryCampaign(bg, "b"); ok || err != nil {
+		t.Fatalf("TryCampaign while another leads: got %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := a.TryCampaign(bg, "a2"); !ok || err != nil {
+		t.Fatalf("TryCampaign of the leader: got %v, %v; want true, nil", ok, err)
+	}
+	if l, err := b.Leader(bg); err != nil || l.Value != "a2" || l.Term != a.Term() {
+		t.Fatalf("Leader after the leader's TryCampaign with a new value: got %+v, %v; want a2 at term %d", l, err, a.Term())
+	}
+	if err := a.Resign(bg); err != nil {
+		t.Fatal(err)
+	}
+	// b never joined the line: with a gone, nobody leads.
+	if _, err := b.Leader(bg); !errors.Is(err, dsync.ErrNoLeader) {
+		t.Fatalf("Leader after Resign: got %v; want ErrNoLeader (a TryCampaign that failed left a campaigner?)", err)
+	}
+	if ok, err := b.TryCampaign(bg, "b"); !ok || err != nil || b.Term() <= 0 {
+		t.Fatalf("TryCampaign after Resign: got %v, %v (term %d); want true, nil", ok, err, b.Term())
+	}
+	if err := b.Resign(bg); err != nil {
+		t.Fatal(err)
 	}
 }

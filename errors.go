@@ -125,9 +125,8 @@ var (
 	ErrLimitMismatch = errors.New("dsync: semaphore limit differs from the name's")
 	// ErrNotLeader is returned by [Election.Proclaim] when this session
 	// does not lead the election: it never campaigned, resigned, or its
-	// leadership ended (its session ended, or an operator released the
-	// hold by force). When the session has ended, the error wraps its
-	// [ErrSessionExpired] or [ErrSessionClosed] too.
+	// leadership ended with its session. When the session has ended, the
+	// error wraps its [ErrSessionExpired] or [ErrSessionClosed] too.
 	ErrNotLeader = errors.New("dsync: not the leader")
 
 	// ErrNoLeader is returned by [Election.Leader] when nobody leads the

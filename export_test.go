@@ -132,3 +132,28 @@ func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exc
 	seq, _, _, marked, _, err = s.current().tickets.ticketAhead(ctx, name, w)
 	return seq, marked, err
 }
+
+// ProclaimedValue returns the value e believes it leads with (what a
+// Campaign of the same value compares with), and whether a failed Proclaim
+// left it unsure.
+func ProclaimedValue(e *Election) (value string, stale bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.value, e.stale
+}
+
+// RecordLeader runs the record of an Election's leader (qLeaderRecord) on
+// s, for a hold of token and term, as Campaign does after its take, and
+// returns how many rows it changed.
+func RecordLeader(s *Session, name string, token, term int64, value string) (int64, error) {
+	return NewElection(s, name).record(context.Background(), s.current(), token, term, value)
+}
+
+// AfterElectionTake makes f run each time a Campaign has taken its
+// election's lock and is about to record the leader (qLeaderRecord), with
+// the election's name and the hold's token and term, until the returned
+// function is called.
+func AfterElectionTake(f func(name string, token, term int64)) (restore func()) {
+	electionTakeHook.Store(&f)
+	return func() { electionTakeHook.Store(nil) }
+}

@@ -11,9 +11,10 @@ import "context"
 //
 // FairMutex and [RWMutex] share one lock space: a FairMutex is exactly the
 // write side of the RWMutex of the same name. A name is one lock: while a
-// [Mutex] uses it (holds it, or held it and its row is not cleaned up yet,
-// see [WithFreeRowAge]), the calls that take a FairMutex or RWMutex of the
-// name return [ErrOtherKind], and the other way round.
+// [Mutex] or an [Election] uses it (holds it, or held it and its row is
+// not cleaned up yet, see [WithFreeRowAge]), the calls that take a
+// FairMutex or RWMutex of the name return [ErrOtherKind], and the other
+// way round.
 //
 // # Fairness
 //

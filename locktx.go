@@ -62,8 +62,8 @@ import (
 // release commit together. There is no Unlock (it returns [ErrNotOwner]);
 // the hold does not end with the session's lease either. It excludes
 // every other holder of the name: Lock holders of any session, and
-// LockTx transactions; and a name that a FairMutex or RWMutex uses gives
-// [ErrOtherKind].
+// LockTx transactions; and a name that a FairMutex, RWMutex or Election
+// uses gives [ErrOtherKind].
 //
 // tx must be on the session's database server; LockTx names the session's
 // tables with its database, so tx may have another one selected. It works

@@ -43,7 +43,7 @@ type Mutex struct {
 }
 
 // NewMutex returns the mutex called name in s's lock space; a name that a
-// [FairMutex] or [RWMutex] uses gives [ErrOtherKind]. Names are exact
+// [FairMutex], [RWMutex] or [Election] uses gives [ErrOtherKind]. Names are exact
 // byte strings ("Lock", "lock" and "lock " are three locks), 1 to 255 bytes
 // of UTF-8; with another name every method returns [ErrInvalidName].
 // NewMutex panics if s is nil, a programmer error.
@@ -86,7 +86,7 @@ func (m *Mutex) fence() int64 {
 // It returns nil when acquired; an error wrapping ctx.Err() when ctx ended
 // first; [ErrSessionExpired] or [ErrSessionClosed] when the session ended;
 // [ErrInvalidName]; [ErrNotObtained] when the back-off policy gave up;
-// [ErrOtherKind], at once, when a FairMutex or RWMutex uses the name; or a
+// [ErrOtherKind], at once, when a FairMutex, RWMutex or Election uses the name; or a
 // database error. On error the lock is not held: an acquisition that reached
 // the database just as ctx or the session ended is undone (in the
 // background when ctx has ended, so Lock returns promptly).

@@ -2,12 +2,11 @@ package dsync
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
-
-	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // orphan is a lock row or ticket that this session may hold without a local
@@ -132,34 +131,17 @@ func (r *reaper) purge() {
 		name        string
 		seq, holder int64
 	}
-	var tickets []ticket
 	_, err := s.exec(ctx, sLeasePurge)
 	if err == nil {
-		err = s.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-			st, err := c.Stmt(ctx, s.pool, int(sTicketsOrphaned))
-			if err != nil {
-				return err
-			}
-			rows, err := st.QueryContext(ctx)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var t ticket
-				if err := rows.Scan(&t.name, &t.seq, &t.holder); err != nil {
-					return err
-				}
-				tickets = append(tickets, t)
-			}
-			return rows.Err()
-		})
-	}
-	for _, t := range tickets {
-		if err != nil {
-			break
-		}
-		_, err = s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
+		_, _, err = listThenDelete(ctx, s, sTicketsOrphaned, nil,
+			func(rows *sql.Rows) (t ticket, err error) {
+				err = rows.Scan(&t.name, &t.seq, &t.holder)
+				return t, err
+			},
+			func(ctx context.Context, t ticket) (int64, error) {
+				_, err := s.exec(ctx, sTicketPurge, t.name, t.seq, t.holder)
+				return 0, err
+			})
 	}
 	if err != nil {
 		s.logger.Debug("dsync: purge failed", "err", err)

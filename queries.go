@@ -1345,45 +1345,71 @@ const (
 	// session. It writes only while the hold is there (the head slot or
 	// the ticket with this token), so that a statement that the client
 	// gave up on and that lands late, after the hold ended, records
-	// nothing; a later hold of the session is not possible before this
-	// one's ticket or slot is gone (one hold per session and name). Args:
-	// name, lease id, token, term, value, queue key, lease id, token,
-	// queue key, lease id, token. RowsAffected 0: the hold is gone.
+	// nothing. That check is a plain read at the statement's start, not
+	// at its write: a record delayed in the server past its hold's end
+	// and a later hold's record would still land, so it replaces only a
+	// row of a lower term (terms of a name strictly increase with each
+	// hold; each assignment is conditional, term's last, as the server
+	// assigns them in order). Args: name, lease id, token, term, value,
+	// queue key, lease id, token, queue key, lease id, token.
+	// RowsAffected 0: the hold is gone (or a later one recorded).
 	qLeaderRecord = `INSERT INTO {leader} (name, holder, token, term, ver, value)
 SELECT ?, ?, ?, ?, 0, ? FROM DUAL
-WHERE EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
-   OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `)
-ON DUPLICATE KEY UPDATE token = VALUES(token), term = VALUES(term), ver = 0, value = VALUES(value)`
+WHERE ` + leaderHeldSQL + `
+ON DUPLICATE KEY UPDATE token = IF(VALUES(term) > term, VALUES(token), token), ver = IF(VALUES(term) > term, 0, ver),
+  value = IF(VALUES(term) > term, VALUES(value), value), term = GREATEST(term, VALUES(term))`
 
 	// qLeaderProclaim changes the leader's value, only while its lease is
 	// live (the server's clock) and its hold is there, and only to a later
 	// ver than the row has: ver is chosen by the client, one above the
 	// last it sent, so that a Proclaim the client gave up on that lands
 	// after a later one changes nothing. Args: value, ver, name, lease
-	// id, token, ver, queue key, queue key. RowsAffected 1: changed (ver
-	// always changes, whatever clientFoundRows says); 0: not leading.
+	// id, token, ver, queue key, lease id, token, queue key, lease id,
+	// token. RowsAffected 1: changed (ver always changes, whatever
+	// clientFoundRows says); 0: not leading.
 	qLeaderProclaim = `UPDATE {leader} SET value = ?, ver = ?
 WHERE name = ? AND holder = ? AND token = ? AND ver < ?
   AND EXISTS (SELECT 1 FROM {lease} l WHERE l.id = {leader}.holder AND l.expires_at > UTC_TIMESTAMP(6))
-  AND (EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = {leader}.holder AND q.token = {leader}.token)
-       OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = {leader}.holder AND t.token = {leader}.token
-                  AND t.seq < ` + markerBaseSQL + `))`
+  AND ` + leaderHeldSQL
+
+	// leaderHeldSQL is true while a session's hold of an election is
+	// there: the head slot of its queue key, or an exclusive ticket (not
+	// a marker), with the session's lease id and the hold's token. It is
+	// spliced into qLeaderRecord and qLeaderProclaim. Args: queue key,
+	// lease id, token, queue key, lease id, token.
+	leaderHeldSQL = `(EXISTS (SELECT 1 FROM {queue} q WHERE q.name = ? AND q.holder = ? AND q.token = ?)
+  OR EXISTS (SELECT 1 FROM {ticket} t WHERE t.name = ? AND t.holder = ? AND t.token = ? AND t.seq < ` + markerBaseSQL + `))`
 
 	// qLeaderRead reads an election's holder and its leader row in one
-	// statement (one view of the tables): the live holder of the head
-	// slot, else the first live ticket (an Election's tickets are all
-	// exclusive: the first live one holds once it has taken the fence),
+	// statement (one view of the tables): the live ticket whose record
+	// has the name's current fence as its term (the hold that took the
+	// fence: it holds while its ticket and lease are there), else the
+	// live holder of the head slot, else the first live ticket (an
+	// Election's tickets are all exclusive: the first live one holds once
+	// it has taken the fence). The first of these makes the answer right
+	// after the server's clock stepped back: a lease that had ended may
+	// then be live again on that clock, and its ticket, still ahead of the
+	// leader's, the first live one (found by the checker:
+	// TestElectionClockBackRepro in internal/torture). The holder is
 	// joined by lease id and token with its leader row, which exists only
 	// once that hold has taken its fence and recorded it (qLeaderRecord).
 	// So a term is never paired with another hold's value, nor reported
 	// before its hold took it; a holder whose lease has ended on the
-	// server's clock is no holder. Args: queue key, queue key, name.
-	// Result: term, ver and value (NULL: the holder has not recorded
+	// server's clock is no holder. Args: name, queue key, queue key,
+	// queue key, name. Result: term, ver and value (NULL: the holder has not recorded
 	// itself yet, so nobody leads), the holder's lease id, its doorbell's
 	// generation (0: none), and how long its lease has left in
-	// microseconds. No row: nobody holds or waits.
+	// microseconds. No row: nobody holds or waits. Only the last member
+	// of the UNION is in parentheses (its ORDER BY and LIMIT need them): a
+	// derived table that starts with a parenthesized member does not parse
+	// on MySQL 5.7 and MariaDB 10.3.
 	qLeaderRead = `SELECT c.term, c.ver, c.value, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at)
-FROM ((SELECT 0 AS pos, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0)
+FROM (SELECT -1 AS pos, t.holder, t.token FROM {ticket} t
+        JOIN {leader} rc ON rc.name = ? AND rc.holder = t.holder AND rc.token = t.token
+        JOIN {queue} rq ON rq.name = t.name AND rq.fence = rc.term
+      WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
+      UNION ALL
+      SELECT 0, q.holder, q.token FROM {queue} q WHERE q.name = ? AND q.holder > 0
       UNION ALL
       (SELECT 1, t.holder, t.token FROM {ticket} t JOIN {lease} tl ON tl.id = t.holder
        WHERE t.name = ? AND t.seq < ` + markerBaseSQL + ` AND tl.expires_at > UTC_TIMESTAMP(6)

@@ -36,7 +36,7 @@ type RWMutex struct {
 
 // NewRWMutex returns the reader/writer lock called name in s's lock space,
 // whose write side is the [FairMutex] of that name; a name that a [Mutex]
-// uses gives [ErrOtherKind]. Names follow the rules of [NewMutex];
+// or an [Election] uses gives [ErrOtherKind]. Names follow the rules of [NewMutex];
 // with an invalid one every method returns [ErrInvalidName]. NewRWMutex
 // panics if s is nil.
 func NewRWMutex(s *Session, name string) *RWMutex {

@@ -427,3 +427,40 @@ func (s *store) withDedicated(ctx context.Context, c *connpool.Conn, put func(c 
 	put(c, err == nil && sctx.Err() == nil && s.stopped.Err() == nil)
 	return err
 }
+
+// listThenDelete lists rows with the plain read list (args; scan reads
+// one row), then deletes them one by one with del, and returns how many
+// rows del deleted, how many the read listed, and the first error, which
+// ends it.
+func listThenDelete[T any](ctx context.Context, st *store, list stmtIndex, args []any,
+	scan func(*sql.Rows) (T, error), del func(context.Context, T) (int64, error)) (deleted int64, listed int, err error) {
+	var found []T
+	err = st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
+		stmt, err := c.Stmt(ctx, st.pool, int(list))
+		if err != nil {
+			return err
+		}
+		rows, err := stmt.QueryContext(ctx, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r, err := scan(rows)
+			if err != nil {
+				return err
+			}
+			found = append(found, r)
+		}
+		return rows.Err()
+	})
+	for _, r := range found {
+		if err != nil {
+			break
+		}
+		var n int64
+		n, err = del(ctx, r)
+		deleted += n
+	}
+	return deleted, len(found), err
+}

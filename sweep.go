@@ -172,34 +172,14 @@ func (s *sweeper) sweepLeaders() (deleted int64) {
 		name   string
 		holder int64
 	}
-	var ended []leaderRow
-	err := s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.st.pool, int(sLeadersEnded))
-		if err != nil {
-			return err
-		}
-		rows, err := st.QueryContext(ctx, sweepBatch)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r leaderRow
-			if err := rows.Scan(&r.name, &r.holder); err != nil {
-				return err
-			}
-			ended = append(ended, r)
-		}
-		return rows.Err()
-	})
-	for _, r := range ended {
-		if err != nil {
-			break
-		}
-		var n int64
-		n, err = s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
-		deleted += n
-	}
+	deleted, _, err := listThenDelete(ctx, s.st, sLeadersEnded, []any{sweepBatch},
+		func(rows *sql.Rows) (r leaderRow, err error) {
+			err = rows.Scan(&r.name, &r.holder)
+			return r, err
+		},
+		func(ctx context.Context, r leaderRow) (int64, error) {
+			return s.st.execCount(ctx, sLeaderPurge, r.name, r.holder)
+		})
 	if err != nil {
 		s.st.logger.Debug("dsync: sweep batch failed", "session", s.id, "table", "leader", "err", err)
 	}
@@ -230,42 +210,22 @@ func (s *sweeper) sweepTxLocks(age time.Duration) (deleted int64) {
 // sweepTxLockBatch lists up to sweepBatch idle transaction-lock rows and
 // deletes those still idle and not held.
 func (s *sweeper) sweepTxLockBatch(ctx context.Context, age time.Duration) (deleted int64, listed int, err error) {
-	var names []string
-	err = s.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		st, err := c.Stmt(ctx, s.st.pool, int(sTxLockIdle))
-		if err != nil {
-			return err
-		}
-		rows, err := st.QueryContext(ctx, age.Microseconds(), sweepBatch)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var name string
-			if err := rows.Scan(&name); err != nil {
-				return err
+	return listThenDelete(ctx, s.st, sTxLockIdle, []any{age.Microseconds(), sweepBatch},
+		func(rows *sql.Rows) (name string, err error) {
+			err = rows.Scan(&name)
+			return name, err
+		},
+		func(ctx context.Context, name string) (int64, error) {
+			res, err := s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
+			if isErrNo(err, errLockWaitTimeout) {
+				return 0, nil // a transaction holds it
 			}
-			names = append(names, name)
-		}
-		return rows.Err()
-	})
-	for _, name := range names {
-		if err != nil {
-			break
-		}
-		var res sql.Result
-		res, err = s.st.execNoWait(ctx, sTxLockSweepDelete, sTxLockSweepDeleteNoWait, name, age.Microseconds())
-		if isErrNo(err, errLockWaitTimeout) {
-			err = nil // a transaction holds it
-			continue
-		}
-		if err == nil {
+			if err != nil {
+				return 0, err
+			}
 			n, _ := res.RowsAffected()
-			deleted += n
-		}
-	}
-	return deleted, len(names), err
+			return n, nil
+		})
 }
 
 // batch is what one batch of a pass did.

@@ -2,6 +2,8 @@
 // operators see and override the locks of a database.
 //
 //	dsync run [flags] NAME -- COMMAND [ARG...]   run COMMAND while holding the lock NAME
+//	dsync elect [flags] NAME -- COMMAND [ARG...] run COMMAND while leading the election NAME
+//	dsync elect --observe [--json] NAME          print each leader of the election NAME
 //	dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
 //	dsync schema [--prefix P]                    the CREATE TABLE statements
 //	dsync release --force [--dsn DSN] [--prefix P] NAME   free a Mutex held by a live session
@@ -97,6 +99,21 @@ const (
   (dsync release --force, seen within about 2 × TTL/3): dsync stopped the
   command (unless it had ended); 69 database unusable; 64 usage.
 `
+	electUsage = `dsync elect [flags] NAME -- COMMAND [ARG...] run COMMAND while leading the election NAME
+      --value V        the leader's value (default: --label, else host:pid)
+      the flags of dsync run but --fair, --read and --write, with its rules:
+      elect campaigns (in arrival order), runs COMMAND once it leads, with
+      DSYNC_TERM (and DSYNC_FENCE) set to its term, stops COMMAND before the
+      lease can end, and resigns when COMMAND and its process group have
+      ended; -n: fail at once unless nobody leads or campaigns.
+      Exit status: as dsync run's.
+dsync elect --observe [--json] [--dsn DSN] [--prefix P] NAME
+                                             print the leader, then each change
+      one line per leader or value: term T session S value "V" (--json: an
+      object with time, term, session, value); until a signal (exit 128+N).
+      Changes that come faster than a read are coalesced; a leader older
+      than one printed is never printed after it.
+`
 	lsUsage = `dsync ls [--dsn DSN] [--prefix P] [--json]   locks held and waited for now
       --connect-timeout D   give up after D (default 10s)
       (dsync ls --help: what each column means)
@@ -107,12 +124,12 @@ const (
                                              free a Mutex held by a live session
       --connect-timeout D   give up after D (default 10s)
 `
-	usage = "usage:\n" + runUsage + lsUsage + schemaUsage + releaseUsage +
+	usage = "usage:\n" + runUsage + electUsage + lsUsage + schemaUsage + releaseUsage +
 		"dsync --version                              the version of the dsync module\n"
 )
 
 // usages maps each command to its usage.
-var usages = map[string]string{"run": runUsage, "ls": lsUsage + lsColumns, "schema": schemaUsage, "release": releaseUsage}
+var usages = map[string]string{"run": runUsage, "elect": electUsage, "ls": lsUsage + lsColumns, "schema": schemaUsage, "release": releaseUsage}
 
 var (
 	stdout io.Writer = os.Stdout
@@ -138,6 +155,8 @@ func dsyncMain(args []string) int {
 	switch args[0] {
 	case "run":
 		return cmdRun(args[1:])
+	case "elect":
+		return cmdElect(args[1:])
 	case "ls":
 		return cmdLs(args[1:])
 	case "schema":

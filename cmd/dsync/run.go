@@ -24,6 +24,7 @@ const (
 	kindRead  = "read"
 	kindWrite = "write"
 	kindLimit = "limit" // a Semaphore of --limit permits, one per run
+	kindElect = "elect" // dsync elect: leadership of an Election
 )
 
 // defaultGrace is the most --grace defaults to; see graceBound.
@@ -41,16 +42,23 @@ func graceBound(ttl time.Duration) time.Duration { return ttl / 4 }
 // which frees everything the session holds anyway, is bounded by the TTL.
 const releaseTimeout = 5 * time.Second
 
-// runConfig is the parsed command line of dsync run.
+// runConfig is the parsed command line of dsync run, or of dsync elect
+// (cmd "elect", kind kindElect), which runs its command the same way while
+// it leads.
 type runConfig struct {
 	dbFlags
+	cmd      string // run or elect
 	ttl      time.Duration
-	wait     time.Duration // 0: wait for ever (unless nonblock)
-	nonblock bool          // -n, --nonblock, or --wait 0
-	conflict int           // exit status when the lock is not obtained (-E)
-	quiet    bool          // no "waiting for" line (-q)
-	kind     string        // kindMutex, kindFair, kindRead, kindWrite or kindLimit
-	limit    int64         // --limit: the Semaphore's limit (kindLimit)
+	wait     time.Duration   // 0: wait for ever (unless nonblock)
+	nonblock bool            // -n, --nonblock, or --wait 0
+	conflict int             // exit status when the lock is not obtained (-E)
+	quiet    bool            // no "waiting for" line (-q)
+	kind     string          // kindMutex, kindFair, kindRead, kindWrite, kindLimit or kindElect
+	limit    int64           // --limit: the Semaphore's limit (kindLimit)
+	value    string          // elect --value: the leader's value
+	observe  bool            // elect --observe: print the leaders, run nothing
+	json     bool            // elect --observe --json
+	election *dsync.Election // the Election of dsync elect, once its session is open
 	grace    time.Duration
 	label    string
 	labelSet bool
@@ -70,9 +78,14 @@ func cmdRun(args []string) int {
 
 // parseRun parses the arguments of dsync run. It returns -1 and the
 // configuration, or the exit status of a usage error or -h.
-func parseRun(args []string) (*runConfig, int) {
-	c := &runConfig{}
-	fs := newFlags("run")
+func parseRun(args []string) (*runConfig, int) { return parseHold("run", args) }
+
+// parseHold parses the arguments of dsync run or dsync elect (cmd), which
+// share their flags but the kind flags of run (--fair, --read, --write) and
+// the --value of elect.
+func parseHold(cmd string, args []string) (*runConfig, int) {
+	c := &runConfig{cmd: cmd}
+	fs := newFlags(cmd)
 	c.register(fs)
 	fs.DurationVar(&c.ttl, "ttl", dsync.DefaultTTL, "")
 	fs.Var((*seconds)(&c.wait), "wait", "")
@@ -83,10 +96,17 @@ func parseRun(args []string) (*runConfig, int) {
 	fs.IntVar(&c.conflict, "E", exitNotObtained, "")
 	fs.BoolVar(&c.quiet, "quiet", false, "")
 	fs.BoolVar(&c.quiet, "q", false, "")
-	fair := fs.Bool("fair", false, "")
-	read := fs.Bool("read", false, "")
-	write := fs.Bool("write", false, "")
-	fs.Int64Var(&c.limit, "limit", 0, "")
+	var fair, read, write bool
+	if cmd == "run" {
+		fs.BoolVar(&fair, "fair", false, "")
+		fs.BoolVar(&read, "read", false, "")
+		fs.BoolVar(&write, "write", false, "")
+		fs.Int64Var(&c.limit, "limit", 0, "")
+	} else {
+		fs.StringVar(&c.value, "value", "", "")
+		fs.BoolVar(&c.observe, "observe", false, "")
+		fs.BoolVar(&c.json, "json", false, "")
+	}
 	fs.DurationVar(&c.grace, "grace", defaultGrace, "")
 	fs.StringVar(&c.label, "label", "", "")
 	if code := parseFlags(fs, args); code >= 0 {
@@ -107,37 +127,47 @@ func parseRun(args []string) (*runConfig, int) {
 	})
 
 	c.kind = kindMutex
+	if cmd == "elect" {
+		c.kind = kindElect
+	}
 	kinds := 0
 	for _, k := range []struct {
 		set  bool
 		kind string
-	}{{*fair, kindFair}, {*read, kindRead}, {*write, kindWrite}, {limitSet, kindLimit}} {
+	}{{fair, kindFair}, {read, kindRead}, {write, kindWrite}, {limitSet, kindLimit}} {
 		if k.set {
 			c.kind = k.kind
 			kinds++
 		}
 	}
 	rest := fs.Args()
+	noun := "lock"
+	if cmd == "elect" {
+		noun = "election"
+	}
+	if c.observe || c.json {
+		return c.parseObserve(rest, waitSet || graceSet || c.nonblock || c.quiet || c.value != "")
+	}
 	switch {
 	case kinds > 1:
-		return nil, usageError("run: --fair, --read, --write and --limit exclude each other")
+		return nil, usageError(cmd + ": --fair, --read, --write and --limit exclude each other")
 	case limitSet && c.limit < 1:
-		return nil, usageError(fmt.Sprintf("run: --limit %d: want 1 or more", c.limit))
+		return nil, usageError(fmt.Sprintf(cmd+": --limit %d: want 1 or more", c.limit))
 	case waitSet && c.nonblock:
-		return nil, usageError("run: --wait and --nonblock exclude each other")
+		return nil, usageError(cmd + ": --wait and --nonblock exclude each other")
 	case c.conflict < 0 || c.conflict > 255:
-		return nil, usageError(fmt.Sprintf("run: --conflict-exit-code %d is not an exit status (0 to 255)", c.conflict))
+		return nil, usageError(fmt.Sprintf(cmd+": --conflict-exit-code %d is not an exit status (0 to 255)", c.conflict))
 	case c.grace < 0:
-		return nil, usageError("run: --grace must not be negative")
+		return nil, usageError(cmd + ": --grace must not be negative")
 	case graceSet && c.ttl > 0 && c.grace > graceBound(c.ttl):
-		return nil, usageError(fmt.Sprintf("run: --grace %v is more than TTL/4 = %v (--ttl %v): lower --grace, or raise --ttl to at least %v",
+		return nil, usageError(fmt.Sprintf(cmd+": --grace %v is more than TTL/4 = %v (--ttl %v): lower --grace, or raise --ttl to at least %v",
 			c.grace, graceBound(c.ttl), c.ttl, 4*c.grace))
 	case len(rest) == 0:
-		return nil, usageError("run: no lock name")
+		return nil, usageError(cmd + ": no " + noun + " name")
 	case len(rest) == 1 || len(rest) == 2 && rest[1] == "--":
-		return nil, usageError("run: no command")
+		return nil, usageError(cmd + ": no command")
 	case rest[1] != "--" && strings.HasPrefix(rest[1], "-"):
-		return nil, usageError(fmt.Sprintf("run: %q after the lock name: flags go before it, the command after --", rest[1]))
+		return nil, usageError(fmt.Sprintf(cmd+": %q after the %s name: flags go before it, the command after --", rest[1], noun))
 	}
 	if !graceSet {
 		c.grace = min(defaultGrace, graceBound(c.ttl))
@@ -189,6 +219,28 @@ func (c *runConfig) options() []dsync.Option {
 	return opts
 }
 
+// newSession opens the session of dsync run or elect on db within
+// --connect-timeout. It returns -1 and the session, or the exit status
+// when none could be opened (a signal, a usage error, or the database).
+func (c *runConfig) newSession(r *relay, db *sql.DB) (*dsync.Session, int) {
+	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
+	s, err := dsync.NewSession(setup, db, c.options()...)
+	cancel()
+	if err != nil {
+		if sig, ok := r.received(); ok {
+			return nil, exitSignal + int(sig)
+		}
+		if errors.Is(err, dsync.ErrInvalidOption) {
+			return nil, usageError(err.Error())
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no session within --connect-timeout %v: %w", c.connectTimeout, err)
+		}
+		return nil, unavailable(err)
+	}
+	return s, -1
+}
+
 // run connects, takes the lock, runs the command and releases the lock,
 // and returns the exit status.
 func (c *runConfig) run() int {
@@ -200,20 +252,9 @@ func (c *runConfig) run() int {
 		return unavailable(err)
 	}
 	defer db.Close()
-	setup, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
-	s, err := dsync.NewSession(setup, db, c.options()...)
-	cancel()
-	if err != nil {
-		if sig, ok := r.received(); ok {
-			return exitSignal + int(sig)
-		}
-		if errors.Is(err, dsync.ErrInvalidOption) {
-			return usageError(err.Error())
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("no session within --connect-timeout %v: %w", c.connectTimeout, err)
-		}
-		return unavailable(err)
+	s, code := c.newSession(r, db)
+	if code >= 0 {
+		return code
 	}
 	defer func() {
 		if err := s.Close(); err != nil {
@@ -221,7 +262,7 @@ func (c *runConfig) run() int {
 		}
 	}()
 
-	l := newLock(s, c.kind, c.name, c.limit)
+	l := c.newLock(s)
 	if code := c.acquire(r, db, s, l); code >= 0 {
 		return code
 	}
@@ -240,8 +281,8 @@ func (c *runConfig) run() int {
 		if !errors.Is(err, dsync.ErrReleasedByForce) {
 			why = fmt.Sprintf("was not held any more (%s)", errText(err.Error()))
 		}
-		fmt.Fprintf(stderr, "dsync: lock %q %s while %s ran (it exited %d): the hold was lost, exit %d\n",
-			c.name, why, c.argv[0], code, exitLeaseLost)
+		fmt.Fprintf(stderr, "dsync: %s %s while %s ran (it exited %d): the hold was lost, exit %d\n",
+			c.what(), why, c.argv[0], code, exitLeaseLost)
 		return exitLeaseLost
 	default:
 		fmt.Fprintf(stderr, "dsync: %s (the lock is freed as the session closes)\n", errText(err.Error()))
@@ -295,22 +336,26 @@ func (c *runConfig) acquire(r *relay, db *sql.DB, s *dsync.Session, l *lock) int
 	case ok:
 		return -1
 	case err == nil:
-		fmt.Fprintf(stderr, "dsync: lock %q not obtained: it is taken (--nonblock)\n", c.name)
+		fmt.Fprintf(stderr, "dsync: %s not obtained: it is taken (--nonblock)\n", c.what())
 		return c.conflict
 	case errors.Is(err, context.DeadlineExceeded):
-		fmt.Fprintf(stderr, "dsync: lock %q not obtained within --wait %v\n", c.name, c.wait)
+		fmt.Fprintf(stderr, "dsync: %s not obtained within --wait %v\n", c.what(), c.wait)
 		return c.conflict
 	case errors.Is(err, dsync.ErrOtherKind):
 		// At once, whatever --wait says: the name stays bound to the other
 		// kind while its rows exist, so waiting would not end.
-		fmt.Fprintf(stderr, "dsync: %s; the command did not run (dsync run takes a Mutex, with --fair, --read or --write the queued lock of the name, and with --limit its Semaphore)\n", errText(err.Error()))
+		takes := "dsync run takes a Mutex, with --fair, --read or --write the queued lock of the name, and with --limit its Semaphore"
+		if c.kind == kindElect {
+			takes = "dsync elect campaigns in the Election of the name"
+		}
+		fmt.Fprintf(stderr, "dsync: %s; the command did not run (%s)\n", errText(err.Error()), takes)
 		return exitOtherKind
 	case errors.Is(err, dsync.ErrLimitMismatch):
 		// At once, as for ErrOtherKind: the name's limit stands while its
 		// rows exist.
 		fmt.Fprintf(stderr, "dsync: %s; the command did not run (--limit %d)\n", errText(err.Error()), c.limit)
 		return exitOtherKind
-	case errors.Is(err, dsync.ErrInvalidName):
+	case errors.Is(err, dsync.ErrInvalidName), errors.Is(err, dsync.ErrValueTooLong):
 		return usageError(err.Error())
 	}
 	return unavailable(err)
@@ -333,7 +378,7 @@ func (c *runConfig) reportNewLeases(s *dsync.Session) (stop func()) {
 			if errors.Is(s.Err(), dsync.ErrSessionClosed) {
 				return
 			}
-			fmt.Fprintf(stderr, "dsync: session %d lost while waiting for lock %q; opening a new one to wait on\n", id, c.name)
+			fmt.Fprintf(stderr, "dsync: session %d lost while waiting for %s; opening a new one to wait on\n", id, c.what())
 			tick := time.NewTicker(leasePoll)
 			stopped := false
 			for s.ID() == id && !stopped {
@@ -345,7 +390,7 @@ func (c *runConfig) reportNewLeases(s *dsync.Session) (stop func()) {
 			}
 			tick.Stop()
 			if next := s.ID(); next != id {
-				fmt.Fprintf(stderr, "dsync: waiting for lock %q with new session %d\n", c.name, next)
+				fmt.Fprintf(stderr, "dsync: waiting for %s with new session %d\n", c.what(), next)
 			}
 			if stopped {
 				return
@@ -371,7 +416,12 @@ func (c *runConfig) sayWaiting(ctx context.Context, db *sql.DB, l *lock) {
 			blocking = append(blocking, h)
 		}
 	}
-	msg := fmt.Sprintf("dsync: waiting for lock %q", c.name)
+	msg := fmt.Sprintf("dsync: waiting for %s", c.what())
+	if c.election != nil {
+		if ld, err := c.election.Leader(ctx); err == nil {
+			msg += fmt.Sprintf(", led by session %d (%q, term %d)", ld.Session, ld.Value, ld.Term)
+		}
+	}
 	if len(blocking) > 0 {
 		h := blocking[0]
 		msg += fmt.Sprintf(" held by %s for %s", h.Holder, roughly(h.Held))
@@ -393,6 +443,9 @@ func (c *runConfig) runCommand(r *relay, db *sql.DB, s *dsync.Session, l *lock) 
 		"DSYNC_LOCK="+c.name,
 		"DSYNC_FENCE="+strconv.FormatInt(l.fence(), 10),
 		"DSYNC_SESSION="+strconv.FormatInt(s.ID(), 10))
+	if c.kind == kindElect {
+		cmd.Env = append(cmd.Env, "DSYNC_TERM="+strconv.FormatInt(l.fence(), 10))
+	}
 	fg := foreground()
 	cmd.SysProcAttr = childAttr(fg)
 	adoptOrphans()
@@ -428,7 +481,7 @@ func (c *runConfig) runCommand(r *relay, db *sql.DB, s *dsync.Session, l *lock) 
 		// Lost as the command ended (the keep-alive had not noticed yet):
 		// the command may have run its last moments without the lock.
 		lost = true
-		fmt.Fprintf(stderr, "dsync: lease of lock %q lost as %s ended\n", c.name, c.argv[0])
+		fmt.Fprintf(stderr, "dsync: lease of %s lost as %s ended\n", c.what(), c.argv[0])
 	}
 	if lost {
 		return exitLeaseLost, true
@@ -484,8 +537,8 @@ func (c *runConfig) watchCommand(s *dsync.Session, pid int, fg bool, waited <-ch
 		case <-poll:
 			if !told {
 				told = true
-				fmt.Fprintf(stderr, "dsync: %s has exited; holding lock %q until the processes it left in its process group %d end\n",
-					c.argv[0], c.name, pid)
+				fmt.Fprintf(stderr, "dsync: %s has exited; holding %s until the processes it left in its process group %d end\n",
+					c.argv[0], c.what(), pid)
 			}
 		case <-s.Done():
 			t.Stop()
@@ -577,7 +630,7 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, fo
 	if d := s.Deadline(); d.Before(killAt) {
 		killAt = d
 	}
-	byForce := fmt.Sprintf("lock %q released by force (dsync release --force) while %s ran", c.name, c.argv[0])
+	byForce := fmt.Sprintf("%s released by force (dsync release --force) while %s ran", c.what(), c.argv[0])
 	killed := false
 	kill := func(why string) {
 		fmt.Fprintf(stderr, "dsync: %s: sending %s SIGKILL\n", why, c.argv[0])
@@ -586,7 +639,7 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, fo
 	}
 	select {
 	case <-s.Done():
-		kill(fmt.Sprintf("lease of lock %q lost while %s ran", c.name, c.argv[0]))
+		kill(fmt.Sprintf("lease of %s lost while %s ran", c.what(), c.argv[0]))
 	default:
 		if forced && !start.Before(killAt) {
 			kill(byForce)
@@ -599,11 +652,11 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, fo
 			break
 		}
 		if !start.Before(killAt) {
-			kill(fmt.Sprintf("lease of lock %q lost now (renewals failed)", c.name))
+			kill(fmt.Sprintf("lease of %s lost now (renewals failed)", c.what()))
 			break
 		}
-		fmt.Fprintf(stderr, "dsync: lease of lock %q at risk (renewals failing; lost in %v): sending %s SIGTERM, and SIGKILL in %v\n",
-			c.name, time.Until(s.Deadline()).Round(time.Millisecond), c.argv[0], killAt.Sub(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "dsync: lease of %s at risk (renewals failing; lost in %v): sending %s SIGTERM, and SIGKILL in %v\n",
+			c.what(), time.Until(s.Deadline()).Round(time.Millisecond), c.argv[0], killAt.Sub(start).Round(time.Millisecond))
 		signalChild(pid, syscall.SIGTERM)
 		continueChild(pid) // in case it is stopped
 	}
@@ -626,7 +679,7 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, fo
 		now := time.Now()
 		if !killed && !now.Before(killAt) {
 			done = nil
-			as := fmt.Sprintf("as the lease of lock %q ends", c.name)
+			as := fmt.Sprintf("as the lease of %s ends", c.what())
 			if forced {
 				as = "--grace " + c.grace.String()
 			}
@@ -648,7 +701,7 @@ func (c *runConfig) stopCommand(s *dsync.Session, pid int, waited <-chan int, fo
 			reaped = true
 			waited = nil
 		case <-done:
-			kill(fmt.Sprintf("lease of lock %q lost while %s ran", c.name, c.argv[0]))
+			kill(fmt.Sprintf("lease of %s lost while %s ran", c.what(), c.argv[0]))
 			done = nil
 		case <-tick.C:
 		}

@@ -44,11 +44,17 @@ type Event struct {
 	Owner bool   `json:"owner,omitempty"` // the call carried an owner (dsync.WithOwner)
 	Sess  int64  `json:"sess,omitempty"`  // the session's lease id
 	Fence int64  `json:"fence,omitempty"` // the hold's fence (acquire ret), or the fence written (write)
-	Res   string `json:"res,omitempty"`   // ret: ok, fail, landed, refused, unknown
+	Res   string `json:"res,omitempty"`   // ret: ok, fail, landed, refused, unknown, noleader, notleader
 	Err   string `json:"err,omitempty"`   // ret: the error, when there was one
-	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting
+	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting; observed: the process's Observe call it came from
 	Key   string `json:"key,omitempty"`   // write: the key of its log row
 	Dur   int64  `json:"dur,omitempty"`   // nemesis: how long the fault lasts, nanoseconds
+
+	// Elections. Fence is the term (campaign ret, leader and observed
+	// rets: the leader's term); Sess the session the call ran on.
+	Value  string `json:"value,omitempty"`  // campaign, proclaim: the value sent; leader, observed ret: the leader's value
+	Leader int64  `json:"leader,omitempty"` // leader, observed ret: the leader's session (Leader.Session)
+	Lost   bool   `json:"lost,omitempty"`   // resign, close ret: the session's lease had ended (Err not nil, or replaced) when it returned
 }
 
 // The operations.
@@ -70,6 +76,12 @@ const (
 	opOpen     = "open"     // NewSession (ret carries the lease id)
 	opClose    = "close"    // Session.Close
 	opDone     = "done"     // Session.Done() closed (event)
+
+	opCampaign = "campaign" // Election.Campaign (ret: the term, Fence, from Election.Term)
+	opProclaim = "proclaim" // Election.Proclaim while leading
+	opResign   = "resign"   // Election.Resign after leading
+	opLeader   = "leader"   // Election.Leader: ok (the leader), noleader (ErrNoLeader) or fail
+	opObserved = "observed" // a Leader delivered by Election.Observe: a read over [call, ret] (see observe)
 )
 
 // The nemesis's actions (events of Proc -1, Op one of these, G the target).

@@ -28,6 +28,27 @@ func history(parts ...[]Event) []Event {
 	return out
 }
 
+// checkHistory checks events and fails t unless the anomalies found
+// mention illegal ("": none found).
+func checkHistory(t *testing.T, events []Event, ttl time.Duration, logKeys map[string]bool, illegal string) {
+	t.Helper()
+	b := build(events, ttl, logKeys)
+	anomalies, timedOut := b.check(10*time.Second, 0)
+	if len(timedOut) > 0 {
+		t.Fatalf("timed out: %v", timedOut)
+	}
+	var got []string
+	for _, a := range anomalies {
+		got = append(got, a.name+": "+a.text)
+	}
+	switch {
+	case illegal == "" && len(got) > 0:
+		t.Fatalf("got anomalies %q; want none", got)
+	case illegal != "" && (len(got) == 0 || !strings.Contains(strings.Join(got, "\n"), illegal)):
+		t.Fatalf("got anomalies %q; want one mentioning %q", got, illegal)
+	}
+}
+
 // TestModel checks the checker on small histories, legal and not.
 func TestModel(t *testing.T) {
 	const ttl = time.Second
@@ -100,21 +121,147 @@ func TestModel(t *testing.T) {
 					tc.events[i].Seq = int64(tc.events[i].Proc) + 1
 				}
 			}
-			b := build(tc.events, ttl, tc.logKeys)
-			anomalies, timedOut := b.check(10*time.Second, 0)
-			if len(timedOut) > 0 {
-				t.Fatalf("timed out: %v", timedOut)
-			}
-			var got []string
-			for _, a := range anomalies {
-				got = append(got, a.name+": "+a.text)
-			}
-			switch {
-			case tc.illegal == "" && len(got) > 0:
-				t.Fatalf("got anomalies %q; want none", got)
-			case tc.illegal != "" && (len(got) == 0 || !strings.Contains(strings.Join(got, "\n"), tc.illegal)):
-				t.Fatalf("got anomalies %q; want one mentioning %q", got, tc.illegal)
-			}
+			checkHistory(t, tc.events, ttl, tc.logKeys, tc.illegal)
+		})
+	}
+}
+
+// eop builds an election operation of process proc's goroutine 0 (ret at
+// ts+1; no ret when res is ""): value is the call's (campaign, proclaim)
+// or the leader read (leader, observed, with leader its session); term
+// the ret's Fence; sess the ret's session (campaign). res "lost" is a
+// Resign that returned nil on an ended lease.
+func eop(proc int, id, ts int64, op, res string, term, sess int64, value string, leader int64) []Event {
+	g := 0
+	if op == opObserved {
+		g = gObserver
+	}
+	call := Event{Proc: proc, G: g, ID: id, Type: "call", TS: ts, Op: op, Name: electName, Seq: 1}
+	ret := Event{Proc: proc, G: g, ID: id, Type: "ret", TS: ts + 1, Op: op, Name: electName, Res: res, Fence: term, Sess: sess, Seq: 1}
+	switch op {
+	case opCampaign, opProclaim:
+		call.Value = value
+	default:
+		ret.Value, ret.Leader = value, leader
+	}
+	if res == "lost" {
+		ret.Res, ret.Lost = "ok", true
+	}
+	if res == "" {
+		return []Event{call}
+	}
+	return []Event{call, ret}
+}
+
+// TestModelElection checks the election's model and the Observe check on
+// small histories, a legal and an illegal one for each rule.
+func TestModelElection(t *testing.T) {
+	const ttl = time.Second
+	done := func(proc int, sess, ts int64) []Event {
+		return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
+	}
+	kill := func(proc int, ts int64) []Event {
+		return []Event{{Proc: -1, G: proc, Type: "event", TS: ts, Op: nemKill}}
+	}
+	check := func(proc int, id, ts int64) []Event { return ev(proc, 0, id, ts, opCheck, electName, "ok", 0, 0) }
+	// One term after another, read by another client in each state.
+	rounds := history(
+		eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(1, 1, 10, opLeader, "ok", 5, 0, "a", 1),
+		eop(0, 2, 20, opProclaim, "ok", 0, 0, "b", 0), eop(1, 2, 30, opLeader, "ok", 5, 0, "b", 1),
+		eop(0, 3, 40, opResign, "ok", 0, 0, "", 0), eop(1, 3, 50, opLeader, "noleader", 0, 0, "", 0),
+		eop(1, 4, 60, opCampaign, "ok", 6, 2, "c", 0), eop(0, 4, 70, opLeader, "ok", 6, 0, "c", 2),
+		eop(1, 5, 80, opResign, "ok", 0, 0, "", 0),
+	)
+	for _, tc := range []struct {
+		name    string
+		events  []Event
+		illegal string // the anomaly's text contains this; "" for legal
+	}{
+		{"leaders one after another, read in each state", rounds, ""},
+		{"two leaders at once", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), check(0, 2, 30), eop(0, 3, 40, opResign, "ok", 0, 0, "", 0),
+			eop(1, 1, 10, opCampaign, "ok", 6, 2, "c", 0), eop(1, 2, 50, opResign, "ok", 0, 0, "", 0),
+		), "campaign"},
+		{"a term not above the last", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opResign, "ok", 0, 0, "", 0),
+			eop(1, 1, 20, opCampaign, "ok", 5, 2, "c", 0), eop(1, 2, 30, opResign, "ok", 0, 0, "", 0),
+		), "campaign"},
+		{"a resigned leader read after the next one leads", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opResign, "ok", 0, 0, "", 0),
+			eop(1, 1, 20, opCampaign, "ok", 6, 2, "c", 0), eop(2, 1, 30, opLeader, "ok", 5, 0, "a", 1), eop(1, 2, 40, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"the leader read with another term", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(1, 1, 10, opLeader, "ok", 4, 0, "a", 1), eop(0, 2, 20, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"the leader read with another session", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(1, 1, 10, opLeader, "ok", 5, 0, "a", 9), eop(0, 2, 20, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"the value before a Proclaim that returned read after it", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opProclaim, "ok", 0, 0, "b", 0),
+			eop(1, 1, 20, opLeader, "ok", 5, 0, "a", 1), eop(0, 3, 30, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"ErrNoLeader while a leader's checks prove it leads", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), check(0, 2, 10), eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0),
+			check(0, 3, 30), eop(0, 4, 40, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"ErrNotLeader after the leader's lease was seen lost", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 15), eop(0, 2, 20, opProclaim, "notleader", 0, 0, "b", 0),
+			eop(0, 3, 30, opResign, "lost", 0, 0, "", 0),
+		), ""},
+		{"ErrNotLeader while the leader's checks prove it leads", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), check(0, 2, 10), eop(0, 3, 20, opProclaim, "notleader", 0, 0, "b", 0),
+			check(0, 4, 30), eop(0, 5, 40, opResign, "ok", 0, 0, "", 0),
+		), "proclaim"},
+		{"a leader read after its lease was seen lost, before the database ends it", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
+			eop(1, 1, 20, opLeader, "ok", 5, 0, "a", 1),
+		), ""},
+		{"a killed leader read when the database has surely ended its lease", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), kill(0, 10),
+			eop(1, 1, 10+int64(ttl+electSlack)+int64(time.Second), opLeader, "ok", 5, 0, "a", 1),
+		), "leader"},
+		{"a failed Campaign read leading (it led a moment)", history(
+			eop(0, 1, 0, opCampaign, "fail", 0, 1, "x", 0), eop(1, 1, 5, opLeader, "ok", 7, 0, "x", 1),
+			eop(2, 1, 20, opCampaign, "ok", 8, 3, "c", 0), eop(2, 2, 30, opResign, "ok", 0, 0, "", 0),
+		), ""},
+		{"a value no Campaign sent read leading", history(
+			eop(0, 1, 0, opCampaign, "fail", 0, 1, "x", 0), eop(1, 1, 5, opLeader, "ok", 7, 0, "z", 1),
+		), "leader"},
+		{"a failed Proclaim read landed, and not landed", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opProclaim, "fail", 0, 0, "b", 0),
+			eop(1, 1, 20, opLeader, "ok", 5, 0, "a", 1), eop(1, 2, 30, opLeader, "ok", 5, 0, "b", 1), eop(0, 3, 40, opResign, "ok", 0, 0, "", 0),
+		), ""},
+		{"a failed Proclaim read landed after a later one returned", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opProclaim, "fail", 0, 0, "b", 0),
+			eop(0, 3, 20, opProclaim, "ok", 0, 0, "c", 0), eop(1, 1, 30, opLeader, "ok", 5, 0, "b", 1), eop(0, 4, 40, opResign, "ok", 0, 0, "", 0),
+		), "leader"},
+		{"a stale term's write landed after a newer one's", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10),
+			eop(1, 1, 20, opCampaign, "ok", 6, 2, "c", 0), ev(1, 0, 2, 30, opWrite, electName, "landed", 6, 0), eop(1, 3, 40, opResign, "ok", 0, 0, "", 0),
+			ev(0, 0, 2, 50, opWrite, electName, "landed", 5, 0),
+		), "write"},
+		{"Observe: every change in order", history(rounds,
+			eop(2, 1, 0, opObserved, "ok", 5, 0, "a", 1), eop(2, 2, 25, opObserved, "ok", 5, 0, "b", 1), eop(2, 3, 60, opObserved, "ok", 6, 0, "c", 2),
+		), ""},
+		{"Observe: an older term after a newer", history(rounds,
+			eop(2, 1, 0, opObserved, "ok", 6, 0, "c", 2)[:1], eop(2, 2, 0, opObserved, "ok", 5, 0, "a", 1)[:1],
+			[]Event{{Proc: 2, G: gObserver, ID: 1, Type: "ret", TS: 100, Op: opObserved, Name: electName, Res: "ok", Fence: 6, Value: "c", Leader: 2, Seq: 1},
+				{Proc: 2, G: gObserver, ID: 2, Type: "ret", TS: 101, Op: opObserved, Name: electName, Res: "ok", Fence: 5, Value: "a", Leader: 1, Seq: 1}},
+		), "Observe order"},
+		{"Observe: an older value of a term after a newer", history(rounds,
+			eop(2, 1, 0, opObserved, "ok", 5, 0, "b", 1)[:1], eop(2, 2, 0, opObserved, "ok", 5, 0, "a", 1)[:1],
+			[]Event{{Proc: 2, G: gObserver, ID: 1, Type: "ret", TS: 100, Op: opObserved, Name: electName, Res: "ok", Fence: 5, Value: "b", Leader: 1, Seq: 1},
+				{Proc: 2, G: gObserver, ID: 2, Type: "ret", TS: 101, Op: opObserved, Name: electName, Res: "ok", Fence: 5, Value: "a", Leader: 1, Seq: 1}},
+		), "Observe order"},
+		{"Observe: a value no Campaign or Proclaim sent", history(rounds,
+			eop(2, 1, 0, opObserved, "ok", 5, 0, "zz", 1),
+		), "Observe order"},
+		{"Observe: a leader with another session than its Campaign's", history(
+			eop(0, 1, 0, opCampaign, "fail", 0, 1, "x", 0), eop(1, 1, 5, opObserved, "ok", 7, 0, "x", 9),
+		), "Observe order"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkHistory(t, tc.events, ttl, nil, tc.illegal)
 		})
 	}
 }

@@ -35,6 +35,12 @@ type mop struct {
 	Landed bool  // write: it landed (else the database refused it)
 	Group  int   // the hold (or lone write) the operation belongs to; the step ignores it
 	Desc   string
+
+	// Elections (see electionStep): Fence is the term.
+	Sess    int64  // acquire, read: the leader's session (0: not known)
+	Value   string // acquire, proclaim, maybe, read: the leader's value
+	Phantom bool   // acquire: a Campaign that failed or had no reply, seen leading by a read
+	Idx     int    // proclaim, maybe: the Proclaim's place in its term (1: the first)
 }
 
 // lockState is the model's state of one lock name: who holds it, the
@@ -115,26 +121,32 @@ func step(st interface{}, in interface{}, _ interface{}) (bool, interface{}) {
 		}
 		return s.Holder == o.Client, s
 	case kWrite:
-		if o.Landed {
-			if o.Fence <= s.RegFence {
-				return false, s
-			}
-			s.RegFence = o.Fence
-			return true, s
-		}
-		return o.Fence <= s.RegFence, s
+		ok, reg := writeStep(s.RegFence, o)
+		s.RegFence = reg
+		return ok, s
 	}
 	return false, s
 }
 
+// writeStep is the fenced register's step, with reg the greatest fence
+// it holds: a landed write is legal only with a fence above it (and
+// becomes it), a refused one only with a fence at or below it.
+func writeStep(reg int64, o mop) (bool, int64) {
+	if o.Landed {
+		return o.Fence > reg, max(reg, o.Fence)
+	}
+	return o.Fence <= reg, reg
+}
+
+// describeOp is the models' DescribeOperation.
+func describeOp(in, _ interface{}) string { return in.(mop).Desc }
+
 // lockModel is the porcupine model of one lock name; histories are
 // partitioned by name before they are checked.
 var lockModel = porcupine.Model{
-	Init: func() interface{} { return lockState{Holder: -1} },
-	Step: step,
-	DescribeOperation: func(in, _ interface{}) string {
-		return in.(mop).Desc
-	},
+	Init:              func() interface{} { return lockState{Holder: -1} },
+	Step:              step,
+	DescribeOperation: describeOp,
 	DescribeState: func(st interface{}) string {
 		s := st.(lockState)
 		return fmt.Sprintf("holder %d readers %q fence %d register %d", s.Holder, s.Readers, s.LastFence, s.RegFence)
@@ -156,18 +168,35 @@ type hold struct {
 	confirm int64  // the call time of the last operation that proved it held
 	group   int    // its model operations' Group
 	txWrite *Event // a LockTx hold's write that landed in the transaction, not yet committed
+
+	// A leadership (an Election's Campaign that returned nil).
+	elect bool
+	term  int64                 // its term (0: not known)
+	idx   int                   // Proclaims sent in it so far
+	maybe []porcupine.Operation // its failed Proclaims, not added yet: they may land until the next Proclaim that returns nil
 }
 
 // builder turns a history into model operations per lock name.
 type builder struct {
-	ttl      time.Duration
-	logKeys  map[string]bool // keys of the register writes that landed (the log table)
-	clients  map[clientKey]int
-	parts    map[string][]porcupine.Operation
-	sessEnd  map[int64]int64   // session -> the earliest time it is known to have ended
-	procEnd  map[procInc]int64 // incarnation -> the time it was killed, plus TTL and slack
-	fairOps  []fairOp
-	groups   int // Groups given out
+	ttl     time.Duration
+	logKeys map[string]bool // keys of the register writes that landed (the log table)
+	clients map[clientKey]int
+	parts   map[string][]porcupine.Operation
+	sessEnd map[int64]int64   // session -> the earliest time it is known to have ended
+	procEnd map[procInc]int64 // incarnation -> the time it was killed, plus TTL and slack
+	fairOps []fairOp
+	groups  int // Groups given out
+
+	// Elections: when the database surely counts a lease no longer
+	// (dbBound), the leaders seen by value, the values sent, and the
+	// observers' deliveries.
+	dbEnd         map[int64]int64
+	procDBEnd     map[procInc]int64
+	seen          map[string]leaderSeen
+	values        map[string]valueSent
+	observed      map[observerKey][]delivery
+	observerOrder []observerKey
+
 	complete int // operations with a ret
 	unknown  int // operations without one (their process was killed)
 }
@@ -236,7 +265,15 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 		parts:   map[string][]porcupine.Operation{},
 		sessEnd: map[int64]int64{},
 		procEnd: map[procInc]int64{},
+
+		dbEnd:     map[int64]int64{},
+		procDBEnd: map[procInc]int64{},
+		seen:      map[string]leaderSeen{},
+		values:    map[string]valueSent{},
+		observed:  map[observerKey][]delivery{},
 	}
+	b.dbEnds(events)
+	b.seenLeaders(events)
 	// Session ends and kills first: releases refer to them.
 	perClient := map[clientKey][]Event{}
 	var order []clientKey
@@ -270,6 +307,7 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 	for _, k := range order {
 		b.walk(k, perClient[k])
 	}
+	b.groupReads()
 	return b
 }
 
@@ -300,7 +338,15 @@ func (b *builder) walk(k clientKey, evs []Event) {
 		return s
 	}
 	endHold := func(h *hold, call, ret int64, d string) {
-		b.add(h.name, call, ret, c, mop{Kind: kRelease, Client: c, Shared: h.shared, Group: h.group, Desc: d})
+		if h.elect {
+			// The session stops leading by ret; the database may count
+			// it a while longer.
+			b.add(h.name, call, ret, c, mop{Kind: kLose, Client: c, Fence: h.term, Group: h.group, Desc: d})
+			b.add(h.name, call, b.dbBound(pi, h.sess, call), c, mop{Kind: kRelease, Client: c, Fence: h.term, Group: h.group, Desc: d + " (in the database)"})
+			b.flushMaybe(h, never)
+		} else {
+			b.add(h.name, call, ret, c, mop{Kind: kRelease, Client: c, Shared: h.shared, Group: h.group, Desc: d})
+		}
 		delete(holds, h.name)
 	}
 	for i := range evs {
@@ -347,6 +393,8 @@ func (b *builder) walk(k clientKey, evs []Event) {
 			b.groups++
 			b.add(call.Name, call.TS, e.TS, c, mop{Kind: kAcquire, Client: c, Shared: shared, Fence: e.Fence, Group: b.groups, Desc: d})
 			holds[call.Name] = &hold{name: call.Name, shared: shared, tx: call.Op == opLockTx, sess: e.Sess, confirm: call.TS, group: b.groups}
+		case opCampaign, opProclaim, opResign, opLeader, opObserved:
+			b.walkElection(k, c, pi, holds, call, e, d, endHold)
 		case opCheck:
 			h := holds[call.Name]
 			if h == nil {
@@ -426,6 +474,10 @@ func (b *builder) walk(k clientKey, evs []Event) {
 			continue
 		}
 		b.unknown++
+		b.pendingElection(c, pi, holds, *p, desc(*p, nil))
+		if p.Op == opCampaign || p.Op == opProclaim {
+			continue
+		}
 		// The process died in a call. An acquire whose outcome is unknown
 		// is left out: had it taken the lock, it would have held it until
 		// the lease ended, which keeps others out but never lets two hold.
@@ -454,6 +506,7 @@ func (b *builder) walk(k clientKey, evs []Event) {
 // FairMutex order.
 type anomaly struct {
 	name   string
+	check  string // "linearizability", "fifo" or "observe"
 	result porcupine.CheckResult
 	text   string // the smallest illegal sub-history, or the FIFO pair
 	info   porcupine.LinearizationInfo
@@ -472,17 +525,18 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 	sort.Strings(names)
 	for _, n := range names {
 		ops := b.parts[n]
-		res, info := porcupine.CheckOperationsVerbose(lockModel, ops, timeout)
+		res, info := porcupine.CheckOperationsVerbose(modelFor(n), ops, timeout)
 		switch res {
 		case porcupine.Ok:
 		case porcupine.Unknown:
 			timedOut = append(timedOut, n)
 		default:
-			text, first, last := smallest(ops, t0)
-			anomalies = append(anomalies, anomaly{name: n, result: res, text: text, info: info, ops: ops, first: first, last: last})
+			text, first, last := smallest(modelFor(n), ops, t0)
+			anomalies = append(anomalies, anomaly{name: n, check: "linearizability", result: res, text: text, info: info, ops: ops, first: first, last: last})
 		}
 	}
 	anomalies = append(anomalies, b.checkFIFO()...)
+	anomalies = append(anomalies, b.checkObserve()...)
 	return anomalies, timedOut
 }
 
@@ -494,7 +548,7 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 // history illegal, but for a refused write whose refusal the dropped hold's
 // write explained: the result is a diagnosis; the verdict is the whole
 // partition's. Times are seconds since t0.
-func smallest(ops []porcupine.Operation, t0 int64) (text string, first, last int64) {
+func smallest(model porcupine.Model, ops []porcupine.Operation, t0 int64) (text string, first, last int64) {
 	groups := map[int][]porcupine.Operation{}
 	var ids []int
 	for _, o := range ops {
@@ -509,7 +563,7 @@ func smallest(ops []porcupine.Operation, t0 int64) (text string, first, last int
 		for _, g := range keep {
 			h = append(h, groups[g]...)
 		}
-		return porcupine.CheckOperationsTimeout(lockModel, h, 5*time.Second) == porcupine.Illegal
+		return porcupine.CheckOperationsTimeout(model, h, 5*time.Second) == porcupine.Illegal
 	}
 	for size := max(len(ids)/2, 1); ; size /= 2 {
 		for i := 0; i < len(ids); {
@@ -541,7 +595,7 @@ func smallest(ops []porcupine.Operation, t0 int64) (text string, first, last int
 		})
 		if (o.Kind == kCheck && !opens) || (o.Kind == kWrite && !o.Landed) {
 			rest := append(slices.Clone(h[:i]), h[i+1:]...)
-			if porcupine.CheckOperationsTimeout(lockModel, rest, 5*time.Second) == porcupine.Illegal {
+			if porcupine.CheckOperationsTimeout(model, rest, 5*time.Second) == porcupine.Illegal {
 				h = rest
 				continue
 			}
@@ -595,7 +649,7 @@ func (b *builder) checkFIFO() []anomaly {
 					}
 					for _, tB := range bb.tickets {
 						if tB.seq > tA.seq {
-							out = append(out, anomaly{name: name, result: porcupine.Illegal, first: bb.ret, last: tA.at, text: fmt.Sprintf(
+							out = append(out, anomaly{name: name, check: "fifo", result: porcupine.Illegal, first: bb.ret, last: tA.at, text: fmt.Sprintf(
 								"FairMutex order: client %d's Lock (ticket %d) returned at %d, while client %d's earlier ticket %d was seen waiting at %d (its Lock returned nil at %d)",
 								bb.client, tB.seq, bb.ret, a.client, tA.seq, tA.at, a.ret)})
 							break

@@ -243,7 +243,7 @@ func run(t *testing.T, cfg config) {
 		}
 		t.Logf("torture: the server runs under libfaketime (%s); its clock is %v off the machine's", h.clockPath, h.clockBase)
 	}
-	names := append([]string{rwName}, mutexNames...)
+	names := append([]string{rwName, electName}, mutexNames...)
 	for g := range cfg.goroutines {
 		names = append(names, fairName(g))
 	}
@@ -388,7 +388,7 @@ func run(t *testing.T, cfg config) {
 				continue
 			}
 			vis := filepath.Join(dir, fmt.Sprintf("anomaly-%d-%d-%s.html", cfg.seed, i, a.name))
-			if err := porcupine.VisualizePath(lockModel, a.info, vis); err == nil {
+			if err := porcupine.VisualizePath(modelFor(a.name), a.info, vis); err == nil {
 				t.Logf("torture: porcupine's view of %s: %s", a.name, vis)
 			}
 		}

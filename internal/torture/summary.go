@@ -24,8 +24,9 @@ type Summary struct {
 	DSNTZ      string   `json:"dsn_tz,omitempty"`
 
 	// Operations counts the clients' operations by kind and outcome: ok,
-	// fail, landed, refused, unknown (a reply with an unknown outcome), or
-	// none (the process died before the reply).
+	// fail, landed, refused, unknown (a reply with an unknown outcome),
+	// noleader and notleader (an Election's ErrNoLeader and ErrNotLeader),
+	// or none (the process died before the reply).
 	Operations      map[string]map[string]int `json:"operations"`
 	ModelOperations int                       `json:"model_operations"`
 	// Faults counts the nemesis's faults by kind.
@@ -53,6 +54,6 @@ type Summary struct {
 // Anomaly is one anomaly of a Summary.
 type Anomaly struct {
 	Name  string  `json:"name"`  // the lock name
-	Check string  `json:"check"` // "linearizability" or "fifo"
+	Check string  `json:"check"` // "linearizability", "fifo" or "observe"
 	At    float64 `json:"at_s"`  // when the history became illegal, seconds since the start
 }
