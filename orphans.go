@@ -20,6 +20,7 @@ type orphan struct {
 	token  int64
 	ticket bool      // a queued lock's ticket (or head slot) rather than a lock row
 	seq    int64     // the ticket's number, when known (0: not known), or headSlot
+	weight int64     // > 0: a Semaphore's ticket to shrink to this weight (a partial Release), not to free
 	since  time.Time // when it was recorded
 }
 

@@ -1200,7 +1200,15 @@ const (
 	// by argument, not by the statement's row, so that a sum over them is
 	// computed once per statement (a correlated subquery runs once per
 	// row, as MySQL has no subquery cache); every sum of a Semaphore's
-	// weights reads them through it. Args: name.
+	// weights reads them through it. Args: name. Unlike qTicketNumber's
+	// subqueries (see there), such a sum may be read in a view made before
+	// its statement waited for the queue row, and is sound all the same,
+	// as a stale view only makes it larger: the tickets ahead of one were
+	// committed before it was numbered; a release or shrink that the view
+	// misses counts weight that is gone; and a renewal it misses cannot
+	// make a live lease look ended, as a lease is renewed only before it
+	// ends, which is after the statement's UTC_TIMESTAMP(6) (the time the
+	// statement began).
 	semLive = ` FROM {ticket} st STRAIGHT_JOIN {lease} sl ON sl.id = st.holder
           WHERE st.name = ? AND sl.expires_at > UTC_TIMESTAMP(6)`
 	// semWeights: the weights of the live tickets of a name, which are all

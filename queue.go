@@ -479,14 +479,19 @@ func (q *queued) unlockOn(ctx context.Context) error {
 // release removes the ticket of a hold that is over and drops its reference.
 func (q *queued) release(ctx context.Context, lq *localQueue, ticket, token int64, op string) error {
 	defer q.s.queues.unref(q.name)
+	return q.giveBack(ctx, lq, orphan{name: q.name, token: token, ticket: true, seq: ticket}, op)
+}
+
+// giveBack frees o, a ticket or the head slot of q's name (or, with a
+// weight, shrinks a Semaphore's ticket: see Semaphore.Release), which
+// rings the doorbell when a waiter waits for it; if that fails (ctx
+// ended, or the database did not answer: the statement may have committed
+// or not) the reaper goroutine sends it again at once. op names the call
+// in the error.
+func (q *queued) giveBack(ctx context.Context, lq *localQueue, o orphan, op string) error {
 	if err := q.s.leaseErr(); err != nil {
 		return opErrorf(err, "%s %q", op, q.lockName)
 	}
-	// Remove the ticket, or free the head slot (ticket headSlot), which
-	// rings the doorbell when a waiter waits for it; if that fails (ctx
-	// ended, or the database did not answer) the reaper goroutine removes
-	// it at once.
-	o := orphan{name: q.name, token: token, ticket: true, seq: ticket}
 	_, err := q.s.free(ctx, o)
 	if err != nil {
 		q.s.addOrphan(o)

@@ -160,14 +160,14 @@ func (m *Semaphore) TryAcquireFence(ctx context.Context, n int64) (int64, error)
 // wraps [ErrNotHeld]) when the session holds fewer than n permits of the
 // name, releasing nothing then, the session's error when it has ended
 // (its permits ended with it), ctx's error or a database error. After
-// such an error the count is applied whole or not at all. When n ends
-// within an acquisition, which keeps the rest, that acquisition's change
-// comes first, and if it fails Release has released none of the n
-// permits: they are still held, and the caller may call Release again
-// (or let them end with the session). Otherwise all n are released: the
-// acquisitions released whole that the session could not remove at once
-// it removes in the background (the error says so), and the caller must
-// not call Release for them again, which would release other permits.
+// such an error all n permits are released in this process all the same,
+// and the caller must not call Release for them again, which would
+// release other permits: a statement that failed may have committed on
+// the server or not (a lost reply, ctx ended while it ran), so the
+// session sends it again in the background until the database has it
+// (the error says so), and until then the database counts them held,
+// which only makes others wait; once the session has ended they end with
+// it.
 func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	q := m.q.on(m.q.s.current())
 	if err := m.check(n, false); err != nil {
@@ -195,8 +195,9 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	}
 	// The latest acquisitions first: a waiter waits for the nearest ticket
 	// ahead of it, the latest of this session's that are ahead. The count
-	// changes only once the database has it (the shrink first: a failed
-	// one leaves everything held, so the call can be made again).
+	// changes in the process whatever the statements' outcomes: a failed
+	// one may have committed, so a retry by the caller could release other
+	// permits; the session finishes what failed in the background.
 	var gone []*permitHold
 	var part *permitHold
 	var partWeight int64
@@ -209,15 +210,12 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 		}
 		part, partWeight, left = h, h.weight-left, 0
 	}
-	lq.mu.Unlock()
-	if part != nil {
-		if err := q.shrink(ctx, lq, part, partWeight); err != nil {
-			return err
-		}
-	}
-	lq.mu.Lock()
+	var err error
 	if part != nil {
 		part.weight = partWeight
+		lq.mu.Unlock()
+		err = q.shrink(ctx, lq, part, partWeight)
+		lq.mu.Lock()
 	}
 	kept := lq.permits[:0]
 	for _, h := range lq.permits {
@@ -228,7 +226,6 @@ func (m *Semaphore) Release(ctx context.Context, n int64) error {
 	clear(lq.permits[len(kept):])
 	lq.permits = kept
 	lq.mu.Unlock()
-	var err error
 	for _, h := range gone {
 		if rerr := q.release(ctx, lq, h.ticket, h.token, "release"); err == nil {
 			err = rerr
@@ -307,7 +304,7 @@ func (m *Semaphore) acquireOn(ctx context.Context, c *call, q *queued, n int64, 
 // a release by any of them may let it in, and only the one it blocks on
 // rings for it (see "Waking" at Semaphore). So another holder's release
 // is seen within about this long (the block, then a take), at the cost of
-// about two statements a second for the first waiter alone; the waiters
+// about three statements a second for the first waiter alone; the waiters
 // behind it block on the waiter ahead without a bound of their own. One
 // second is the shortest block GET_LOCK takes (whole seconds).
 const semHeadWait = time.Second
@@ -321,16 +318,9 @@ type permitHold struct {
 }
 
 // shrink gives back part of the hold h, which keeps weight permits
-// (qSemShrink), and rings the session's doorbell: waiters blocked on it
-// may fit now.
+// (qSemShrink, see tickets.freeTicket), as release gives back a ticket
+// (giveBack): it rings the session's doorbell, as waiters blocked on it
+// may fit now, and when it fails the reaper sends it again.
 func (q *queued) shrink(ctx context.Context, lq *localQueue, h *permitHold, weight int64) error {
-	if err := q.s.leaseErr(); err != nil {
-		return opErrorf(err, "release %q", q.lockName)
-	}
-	if _, err := q.s.store.exec(ctx, sSemShrink, weight, q.name, q.s.id, h.token, weight); err != nil {
-		return opErrorf(err, "release %q", q.lockName)
-	}
-	q.s.bell.ring()
-	lq.kickFront()
-	return nil
+	return q.giveBack(ctx, lq, orphan{name: q.name, token: h.token, ticket: true, seq: h.ticket, weight: weight}, "release")
 }

@@ -386,10 +386,15 @@ func TestSemaphorePartialRelease(t *testing.T) {
 	waitRows(t, db, 10*time.Second, 0, semTickets, semaphoreKey(name))
 }
 
-// TestSemaphoreFailedReleaseRetried: a partial Release that failed (its
-// ctx ended) released nothing, so calling it again releases the permits
-// once: another session then gets only what is left of the limit.
-func TestSemaphoreFailedReleaseRetried(t *testing.T) {
+// TestSemaphoreFailedReleaseNotRepeated: a partial Release that fails
+// has released its permits in the process all the same, whether its
+// statement reached the server or not, so that a caller never releases
+// them twice: the session sends the statement again in the background.
+// First the ctx has ended before the call (the statement never left);
+// then another transaction holds the ticket's row, so the statement waits
+// on the server past the call's deadline and lands after it (before, the
+// process still counted the permits, so a retry released other ones).
+func TestSemaphoreFailedReleaseNotRepeated(t *testing.T) {
 	ctx := context.Background()
 	db := dbtest.Open(t)
 	name := lockName(t)
@@ -399,31 +404,104 @@ func TestSemaphoreFailedReleaseRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	weight := `SELECT COALESCE(SUM(weight), 0) FROM dsync_ticket WHERE name = ? AND holder <> 0`
+	weightBecomes := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for countRows(t, db, weight, semaphoreKey(name)) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("weight held: got %d 10s after the failed Release; want %d", countRows(t, db, weight, semaphoreKey(name)), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := a.Release(cctx, 2); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Release(2) with an ended ctx: got %v; want context.Canceled", err)
+		t.Fatalf("Release(2) of 5 with an ended ctx: got %v; want context.Canceled", err)
 	}
-	if got := countRows(t, db, weight, semaphoreKey(name)); got != 5 {
-		t.Fatalf("weight held after the failed Release: got %d; want 5", got)
+	if err := a.Release(ctx, 4); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
+		t.Fatalf("Release(4) after a failed Release(2) of 5: got %v; want ErrReleaseExceedsHeld (3 held)", err)
 	}
-	if err := a.Release(ctx, 2); err != nil {
-		t.Fatalf("Release(2) again: got %v; want nil", err)
-	}
-	if got := countRows(t, db, weight, semaphoreKey(name)); got != 3 {
-		t.Fatalf("weight held after Release(2) of 5, retried once: got %d; want 3", got)
-	}
+	weightBecomes(3) // the session's retry
 	if ok, err := b.TryAcquire(ctx, 3); ok || err != nil {
 		t.Fatalf("TryAcquire(3) while 3 of 5 are held: got %v, %v; want false, nil", ok, err)
 	}
-	if ok, err := b.TryAcquire(ctx, 2); !ok || err != nil {
-		t.Fatalf("TryAcquire(2) while 3 of 5 are held: got %v, %v; want true, nil", ok, err)
+
+	// The ticket's row locked by another transaction: the shrink waits.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := a.Release(ctx, 3); err != nil {
-		t.Fatalf("Release(3) of the 3 left: got %v; want nil", err)
+	defer tx.Rollback()
+	var one int
+	if err := tx.QueryRowContext(ctx, `SELECT 1 FROM dsync_ticket WHERE name = ? AND holder <> 0 FOR UPDATE`, semaphoreKey(name)).Scan(&one); err != nil {
+		t.Fatal(err)
 	}
-	if err := a.Release(ctx, 1); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
-		t.Fatalf("Release(1) holding none: got %v; want ErrReleaseExceedsHeld", err)
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	err = a.Release(rctx, 1)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Release(1) of 3 with its row locked: got %v; want context.DeadlineExceeded", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	weightBecomes(2)
+	if ok, err := b.TryAcquire(ctx, 3); !ok || err != nil {
+		t.Fatalf("TryAcquire(3) while 2 of 5 are held: got %v, %v; want true, nil", ok, err)
+	}
+	if err := a.Release(ctx, 3); !errors.Is(err, dsync.ErrReleaseExceedsHeld) {
+		t.Fatalf("Release(3) after a failed Release(1) of 3: got %v; want ErrReleaseExceedsHeld (2 held; 3 more would exceed the limit with b's)", err)
+	}
+	if err := a.Release(ctx, 2); err != nil {
+		t.Fatalf("Release(2) of the 2 left: got %v; want nil", err)
+	}
+	if err := b.Release(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	weightBecomes(0)
+}
+
+// TestSemaphorePartialReleasesOnLostLease: after its lease is lost, a
+// session made WithReplaceLostLease that releases its permits in parts
+// (each Release returning ErrSessionExpired) holds none afterwards, and
+// its next acquisition gets a new lease (before, a failed partial Release
+// kept the permits in the process, and the session stayed on the lost
+// lease: "session lease expired" from every later call).
+func TestSemaphorePartialReleasesOnLostLease(t *testing.T) {
+	ctx := context.Background()
+	p, dsn := dbtest.FaultProxy(t)
+	s, err := dsync.NewSession(ctx, dbtest.OpenDSN(t, dsn), dsync.WithTTL(time.Second), dsync.WithReplaceLostLease())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	name := lockName(t)
+	m := dsync.NewSemaphore(s, name, 5)
+	if err := m.Acquire(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut(true)
+	if !isClosed(s.Done(), 10*time.Second) {
+		t.Fatal("lease not lost 10s after the cut (the fault did not happen)")
+	}
+	p.Cut(false)
+	for _, n := range []int64{2, 3} {
+		if err := m.Release(ctx, n); !errors.Is(err, dsync.ErrSessionExpired) {
+			t.Fatalf("Release(%d) on the lost lease: got %v; want ErrSessionExpired", n, err)
+		}
+	}
+	if err := m.Release(ctx, 1); !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("Release(1) after all 5 were released on the lost lease: got %v; want ErrSessionExpired (the session's error)", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := m.Acquire(actx, 1); err != nil {
+		t.Fatalf("Acquire after every permit of the lost lease was released: got %v; want nil, on a new lease", err)
+	}
+	if err := m.Release(ctx, 1); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -460,6 +460,15 @@ func (t *tickets) conflictsWoken(ctx context.Context, name string, before int64,
 // doorbell when a waiter waits for it: a marker behind the ticket, or any
 // ticket behind the slot.
 func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
+	if o.weight > 0 {
+		// A partial Release whose shrink failed (Semaphore.Release): the
+		// shrink again, idempotent; the waiters may fit now.
+		shrunk, err := t.st.execChanged(ctx, sSemShrink, o.weight, o.name, t.id, o.token, o.weight)
+		if shrunk {
+			t.bell.ring()
+		}
+		return shrunk, err
+	}
 	if o.seq == 0 {
 		// An enqueue whose outcome is unknown: no number, so no marker
 		// can be found; a waiter behind it wakes within bellWait.

@@ -737,7 +737,7 @@ func newLock(s *dsync.Session, kind, name string, limit int64) *lock {
 			},
 			func(ctx context.Context) error { return m.Release(ctx, 1) },
 			func() int64 { return fence },
-			func(dsync.LockKind) bool { return false }, // ListLocks does not list permits
+			func(k dsync.LockKind) bool { return k == dsync.KindSemaphore },
 		}
 	case kindFair:
 		m := dsync.NewFairMutex(s, name)

@@ -719,11 +719,16 @@ func TestRunLimit(t *testing.T) {
 		}
 	}
 
-	holder := startDsync(t, "run", "--limit", "1", name+"/held", "--", "sleep", "30")
+	holder := startDsync(t, "run", "--limit", "1", "--label", "limit-holder", name+"/held", "--", "sleep", "30")
 	waitFor(t, "the holder's permit", func() bool {
 		r := runDsync(t, "run", "--limit", "1", "-n", name+"/held", "--", "true")
 		return r.code == exitNotObtained
 	})
+	// The waiting line names the holder of the permit.
+	r := runDsync(t, "run", "--limit", "1", "--wait", "300ms", name+"/held", "--", "true")
+	if waiting := fmt.Sprintf("dsync: waiting for lock %q held by limit-holder for ", name+"/held"); r.code != exitNotObtained || !strings.HasPrefix(r.stderr, waiting) {
+		t.Errorf("dsync run --limit 1 --wait 300ms while the permit is held: got exit %d, stderr %q; want %d, %q first", r.code, r.stderr, exitNotObtained, waiting)
+	}
 	for _, flags := range [][]string{{"--limit", "2"}, {"--fair"}} {
 		ran := filepath.Join(t.TempDir(), "ran")
 		r := runDsync(t, args([]string{"run"}, flags, []string{name + "/held", "--", "touch", ran})...)
