@@ -109,13 +109,15 @@ func parseHold(cmd string, args []string) (*runConfig, int) {
 	if code := parseFlags(fs, args); code >= 0 {
 		return nil, code
 	}
-	waitSet, graceSet := false, false
+	waitSet, graceSet, conflictSet := false, false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "wait", "w":
 			waitSet = true
 		case "grace":
 			graceSet = true
+		case "conflict-exit-code", "E":
+			conflictSet = true
 		case "label":
 			c.labelSet = true
 		}
@@ -141,7 +143,7 @@ func parseHold(cmd string, args []string) (*runConfig, int) {
 		noun = "election"
 	}
 	if c.observe || c.json {
-		return c.parseObserve(rest, waitSet || graceSet || c.nonblock || c.quiet || c.value != "")
+		return c.parseObserve(rest, waitSet || graceSet || conflictSet || c.nonblock || c.quiet || c.value != "")
 	}
 	switch {
 	case kinds > 1:
