@@ -94,7 +94,9 @@ func (e *Election) Campaign(ctx context.Context, value string) error {
 
 // TryCampaign leads the election with value only if nobody leads it and
 // nobody campaigns: it never joins the line. It returns false, nil
-// otherwise, and errors as Campaign does. It waits only for a new lease,
+// otherwise, and errors as Campaign does; false, nil also while a
+// Campaign or TryCampaign of this Election runs (it campaigns, or leads
+// and proclaims), without waiting for it. It waits only for a new lease,
 // as [Mutex.TryLock] says. When this Election leads already, it returns
 // true, after it has proclaimed value if that differs.
 func (e *Election) TryCampaign(ctx context.Context, value string) (bool, error) {
@@ -106,10 +108,18 @@ func (e *Election) campaign(ctx context.Context, value string, wait bool) (bool,
 	if err := e.check(value); err != nil {
 		return false, err
 	}
-	select {
-	case e.camp <- struct{}{}:
-	case <-ctx.Done():
-		return false, opErrorf(ctx.Err(), "campaign %q", e.name)
+	if wait {
+		select {
+		case e.camp <- struct{}{}:
+		case <-ctx.Done():
+			return false, opErrorf(ctx.Err(), "campaign %q", e.name)
+		}
+	} else {
+		select {
+		case e.camp <- struct{}{}:
+		default:
+			return false, nil // a Campaign of this Election runs: it campaigns
+		}
 	}
 	defer func() { <-e.camp }()
 	if e.Term() != 0 {

@@ -890,7 +890,23 @@ func TestElectionTryCampaign(t *testing.T) {
 	if ok, err := b.TryCampaign(bg, "b"); !ok || err != nil || b.Term() <= 0 {
 		t.Fatalf("TryCampaign after Resign: got %v, %v (term %d); want true, nil", ok, err, b.Term())
 	}
+	// a's Campaign waits in line behind b: a's TryCampaign answers at
+	// once, without waiting for that Campaign.
+	campaigned := make(chan error, 1)
+	go func() { campaigned <- a.Campaign(bg, "a3") }()
+	waitTickets(t, dbtest.Open(t), electionKey(name), 2)
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	if ok, err := a.TryCampaign(ctx, "a4"); ok || err != nil {
+		t.Fatalf("TryCampaign while a Campaign of the same Election waits: got %v, %v; want false, nil at once", ok, err)
+	}
 	if err := b.Resign(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-campaigned; err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Resign(bg); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -566,3 +566,43 @@ func ExampleElection() {
 	// observed: replica-b
 	// a later term: true
 }
+
+// Lead runs the leader's work while this session leads: its context ends
+// when the leadership is lost (with the session's lease, before another
+// replica can lead) or the caller's ctx ends, and Lead resigns when the
+// work returns, letting the next campaigner in.
+func ExampleElection_Lead() {
+	db, err := sql.Open("mysql", dsn())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	session, err := dsync.NewSession(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer session.Close()
+
+	e := dsync.NewElection(session, "nightly-report")
+	err = e.Lead(ctx, "replica-a", func(ctx context.Context) error {
+		for step := 1; step <= 2; step++ {
+			if ctx.Err() != nil {
+				return context.Cause(ctx) // wraps ErrSessionExpired when the leadership was lost
+			}
+			fmt.Println("report step", step, "term > 0:", e.Term() > 0)
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, dsync.ErrSessionExpired):
+		fmt.Println("the leadership was lost: another replica may lead")
+	case err != nil:
+		log.Fatal(err)
+	}
+	fmt.Println("leading after Lead:", e.Term() != 0)
+	// Output:
+	// report step 1 term > 0: true
+	// report step 2 term > 0: true
+	// leading after Lead: false
+}

@@ -157,3 +157,7 @@ func AfterElectionTake(f func(name string, token, term int64)) (restore func()) 
 	electionTakeHook.Store(&f)
 	return func() { electionTakeHook.Store(nil) }
 }
+
+// Purge runs s's purge of long-ended leases and of tickets without a
+// lease or markers without a ticket (reaper.purge) now.
+func Purge(s *Session) { s.current().reaper.purge() }

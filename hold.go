@@ -9,8 +9,9 @@ import (
 
 // A hold is the time between a lock call that succeeded and its release.
 // This file turns a hold into what APIs built on holds need: a context
-// that ends with it (holdContext, and Do and RDo, which run a function
-// under a hold), and the sync.Locker adapters (Locker, RLocker).
+// that ends with it (holdContext, and Do, RDo and Election.Lead, which run
+// a function under a hold), and the sync.Locker adapters (Locker,
+// RLocker).
 
 // holdContext returns a context derived from parent that is cancelled when
 // lease, the Session of the lease a hold was taken on, ends: lost (its
@@ -71,23 +72,20 @@ func (h *holdCtx) Err() error {
 	return h.Context.Err()
 }
 
-// runHeld is Do (op "do") and RDo ("rdo") of the lock called name: it
-// takes the hold with lock(ctx), runs fn with the hold's context, and
-// releases the hold with unlock, also when fn panics or calls
+// runHeld is Do (op "do"), RDo ("rdo") and Election.Lead ("lead") of the
+// lock or election called name: it takes the hold (held: "hold", "read
+// hold" or "leadership") with lock(ctx), runs fn with the hold's context,
+// and releases the hold with unlock, also when fn panics or calls
 // runtime.Goexit. The lease of the hold is s.current() read once the lock
 // is held.
-func runHeld(ctx context.Context, s *Session, op, name string, lock, unlock func(context.Context) error, fn func(context.Context) error) (err error) {
+func runHeld(ctx context.Context, s *Session, op, held, name string, lock, unlock func(context.Context) error, fn func(context.Context) error) (err error) {
 	if fn == nil {
 		return opErrorf(fmt.Errorf("%w: nil fn", ErrInvalidOption), "%s %q", op, name)
 	}
 	if err := lock(ctx); err != nil {
 		return err
 	}
-	what := fmt.Sprintf("hold of %q", name)
-	if op == "rdo" {
-		what = "read " + what
-	}
-	hctx, release := holdContext(ctx, s.current(), what)
+	hctx, release := holdContext(ctx, s.current(), fmt.Sprintf("%s of %q", held, name))
 	defer func() {
 		// fn's context ends before the lock is released, so that what fn
 		// left running learns the hold's end before anyone else can take
@@ -137,23 +135,75 @@ func runHeld(ctx context.Context, s *Session, op, name string, lock, unlock func
 // As with Lock, without an owner in ctx a Lock of m inside fn waits for
 // ever: the hold is not reentrant.
 func (m *Mutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, m.s, "do", m.name, m.Lock, m.Unlock, fn)
+	return runHeld(ctx, m.s, "do", "hold", m.name, m.Lock, m.Unlock, fn)
 }
 
 // Do locks m, runs fn and unlocks m, as [Mutex.Do] does.
 func (m *FairMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, m.q.s, "do", m.q.name, m.Lock, m.Unlock, fn)
+	return runHeld(ctx, m.q.s, "do", "hold", m.q.name, m.Lock, m.Unlock, fn)
 }
 
 // Do takes the write lock, runs fn and releases it, as [Mutex.Do] does.
 func (rw *RWMutex) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, rw.q.s, "do", rw.q.name, rw.Lock, rw.Unlock, fn)
+	return runHeld(ctx, rw.q.s, "do", "hold", rw.q.name, rw.Lock, rw.Unlock, fn)
 }
 
 // RDo takes a read lock (RLock), runs fn and releases it (RUnlock), as
 // [Mutex.Do] does.
 func (rw *RWMutex) RDo(ctx context.Context, fn func(ctx context.Context) error) error {
-	return runHeld(ctx, rw.q.s, "rdo", rw.q.name, rw.RLock, rw.RUnlock, fn)
+	return runHeld(ctx, rw.q.s, "rdo", "read hold", rw.q.name, rw.RLock, rw.RUnlock, fn)
+}
+
+// Lead campaigns with value (as [Election.Campaign] does, with ctx), runs
+// fn while this session leads, and resigns (as [Election.Resign] does),
+// returning fn's error joined with the end of the leadership's.
+//
+// fn's context is derived from ctx and also ends when the leadership is
+// lost, with the session's lease: [Session.Done] closes before the server
+// can let another campaigner lead, so the context ends before the next
+// term can begin, with a cause wrapping [ErrSessionExpired] (or
+// [ErrSessionClosed] after Close). Its Err also reports a loss that the
+// keep-alive has not noticed yet, as [Mutex.Do]'s does. Check it (or pass
+// [Election.Term] as a fencing token) before each write that only the
+// leader may make. It ends as the leadership is given up, before the next
+// campaigner can lead.
+//
+// The resignation does not depend on ctx: a Lead whose ctx is cancelled
+// while fn runs still resigns at once (within the session's TTL; when that
+// fails the session ends the leadership in the background). When fn
+// panics (or calls runtime.Goexit), Lead resigns and the panic goes on.
+//
+// Lead returns Campaign's error when this session did not come to lead
+// (fn does not run); otherwise fn's error, joined ([errors.Join]) with an
+// error wrapping [ErrSessionExpired] or [ErrSessionClosed] when the
+// leadership was lost during fn (possibly before fn ended), or with
+// Resign's error when the resignation failed. A nil fn returns an error
+// wrapping [ErrInvalidOption], and campaigns for nothing. When this
+// Election leads already, Lead runs fn in the current term, and ends it.
+func (e *Election) Lead(ctx context.Context, value string, fn func(ctx context.Context) error) error {
+	var lease *Session // the term's, once Campaign has returned
+	campaign := func(ctx context.Context) error {
+		if err := e.Campaign(ctx, value); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		lease = e.g
+		e.mu.Unlock()
+		return nil
+	}
+	resign := func(ctx context.Context) error {
+		// Resign says nothing of a leadership the session's end ended:
+		// the lease does.
+		err := e.Resign(ctx)
+		if lease == nil {
+			return err
+		}
+		if lerr := lease.leaseErr(); lerr != nil && err == nil {
+			err = opErrorf(lerr, "lead %q", e.name)
+		}
+		return err
+	}
+	return runHeld(ctx, e.q.s, "lead", "leadership", e.name, campaign, resign, fn)
 }
 
 // Locker returns a [sync.Locker] whose Lock and Unlock are m's, for APIs

@@ -15,9 +15,11 @@ import (
 
 	"github.com/dsynclock/dsync"
 	"github.com/dsynclock/dsync/internal/dbtest"
+	"github.com/dsynclock/dsync/internal/faultproxy"
 )
 
-// doLock is what the locks with Do have in common, for the table tests.
+// doLock is what the locks with Do (and the Election with Lead) have in
+// common, for the table tests.
 type doLock struct {
 	do      func(context.Context, func(context.Context) error) error
 	tryLock func(context.Context) (bool, error) // another session's write TryLock of the name
@@ -30,7 +32,14 @@ func doLocks(t *testing.T, s *dsync.Session, name string) map[string]doLock {
 	other := newSession(t)
 	m, fm, rw := dsync.NewMutex(other, name+"/m"), dsync.NewFairMutex(other, name+"/f"), dsync.NewRWMutex(other, name+"/rw")
 	orw := dsync.NewRWMutex(other, name+"/r")
+	oe := dsync.NewElection(other, name+"/e")
+	e := dsync.NewElection(s, name+"/e")
 	return map[string]doLock{
+		"Election.Lead": {
+			func(ctx context.Context, fn func(context.Context) error) error { return e.Lead(ctx, "v", fn) },
+			func(ctx context.Context) (bool, error) { return oe.TryCampaign(ctx, "other") },
+			oe.Resign,
+		},
 		"Mutex.Do":     {dsync.NewMutex(s, name+"/m").Do, m.TryLock, m.Unlock},
 		"FairMutex.Do": {dsync.NewFairMutex(s, name+"/f").Do, fm.TryLock, fm.Unlock},
 		"RWMutex.Do":   {dsync.NewRWMutex(s, name+"/rw").Do, rw.TryLock, rw.Unlock},
@@ -129,15 +138,43 @@ func takesAtOnce(t *testing.T, when string, tryLock func(context.Context) (bool,
 }
 
 // TestDoContextEndsBeforeTakeover cuts the network under a session whose
-// Do runs fn: fn's ctx must end, with a cause wrapping ErrSessionExpired,
-// before another session acquires the lock, and Do must report the loss.
+// Do (or Election.Lead) runs fn: fn's ctx must end, with a cause wrapping
+// ErrSessionExpired, before another session acquires the lock (or leads),
+// and Do must report the loss.
 func TestDoContextEndsBeforeTakeover(t *testing.T) {
-	const ttl = time.Second
+	type doFunc = func(context.Context, func(context.Context) error) error
+	tests := []struct {
+		name string
+		// do is the Do on the session that is cut; take and release are
+		// another session's lock and unlock of the same name.
+		setup func(cut, other *dsync.Session, name string) (do doFunc, take, release func(context.Context) error)
+	}{
+		{"Mutex.Do", func(cut, other *dsync.Session, name string) (doFunc, func(context.Context) error, func(context.Context) error) {
+			m := dsync.NewMutex(other, name)
+			return dsync.NewMutex(cut, name).Do, m.Lock, m.Unlock
+		}},
+		{"Election.Lead", func(cut, other *dsync.Session, name string) (doFunc, func(context.Context) error, func(context.Context) error) {
+			e := dsync.NewElection(cut, name)
+			o := dsync.NewElection(other, name)
+			return func(ctx context.Context, fn func(context.Context) error) error { return e.Lead(ctx, "cut", fn) },
+				func(ctx context.Context) error { return o.Campaign(ctx, "other") }, o.Resign
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, dsn := dbtest.FaultProxy(t)
+			cut := faultSession(t, dbtest.OpenDSN(t, dsn), time.Second)
+			do, take, release := tt.setup(cut, newSession(t), lockName(t))
+			doEndsBeforeTakeover(t, p, cut, do, take, release)
+		})
+	}
+}
+
+// doEndsBeforeTakeover is TestDoContextEndsBeforeTakeover with do, a Do on
+// the session cut, which p's connections carry, and take and release,
+// another session's lock and unlock of the same name.
+func doEndsBeforeTakeover(t *testing.T, p *faultproxy.Proxy, cut *dsync.Session, do func(context.Context, func(context.Context) error) error, take, release func(context.Context) error) {
 	bg := context.Background()
-	p, dsn := dbtest.FaultProxy(t)
-	cut := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
-	name := lockName(t)
-	other := dsync.NewMutex(newSession(t), name)
 
 	held := make(chan context.Context, 1)
 	type ending struct {
@@ -147,7 +184,7 @@ func TestDoContextEndsBeforeTakeover(t *testing.T) {
 	ended := make(chan ending, 1)
 	doErr := make(chan error, 1)
 	go func() {
-		doErr <- dsync.NewMutex(cut, name).Do(bg, func(ctx context.Context) error {
+		doErr <- do(bg, func(ctx context.Context) error {
 			held <- ctx
 			<-ctx.Done()
 			ended <- ending{time.Now(), context.Cause(ctx)}
@@ -174,7 +211,7 @@ func TestDoContextEndsBeforeTakeover(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
 		defer cancel()
-		err := other.Lock(ctx)
+		err := take(ctx)
 		a := acquisition{at: time.Now(), err: err}
 		select {
 		case <-fnCtx.Done():
@@ -218,7 +255,7 @@ func TestDoContextEndsBeforeTakeover(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Do still running 5s after fn returned")
 	}
-	if err := other.Unlock(bg); err != nil {
+	if err := release(bg); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -176,6 +176,14 @@ func TestMisuse(t *testing.T) {
 		{"Do nil fn", func(t *testing.T, s *dsync.Session, name string) error {
 			return dsync.NewMutex(s, name).Do(bg, nil)
 		}, dsync.ErrInvalidOption},
+		{"Lead nil fn", func(t *testing.T, s *dsync.Session, name string) error {
+			e := dsync.NewElection(s, name)
+			err := e.Lead(bg, "v", nil)
+			if e.Term() != 0 {
+				t.Errorf("Term after Lead with a nil fn: got %d; want 0 (no campaign)", e.Term())
+			}
+			return err
+		}, dsync.ErrInvalidOption},
 		{"LockTx by the owner holding it through Lock", func(t *testing.T, s *dsync.Session, name string) error {
 			m, owner := dsync.NewMutex(s, name), dsync.WithOwner(bg)
 			mustLock(t, m, owner)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -539,5 +540,72 @@ func TestSweepElection(t *testing.T) {
 	}
 	if passA+passB < 3 {
 		t.Errorf("passes of two sessions in %v: got %d + %d; want at least 3", window, passA, passB)
+	}
+}
+
+// TestPurge runs the reaper's purge (every 10 minutes in a session) on
+// rows written by hand: it deletes a lease that ended over an hour ago,
+// the tickets of leases that are gone (that one's too) and a marker whose
+// ticket is gone, and keeps a live session's ticket, a marker behind it,
+// and a lease that ended minutes ago with its ticket.
+func TestPurge(t *testing.T) {
+	bg := context.Background()
+	db := dbtest.Open(t)
+	prefix := freshPrefix("purge")
+	s := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithFreeRowAge(0))
+	const markerBase = 1 << 62
+	gone, old, recent := s.ID()+1_000_001, s.ID()+1_000_002, s.ID()+1_000_003
+	for _, l := range []struct {
+		id  int64
+		ago string
+	}{{old, "2 HOUR"}, {recent, "10 MINUTE"}} {
+		if _, err := db.ExecContext(bg, "INSERT INTO `"+prefix+"lease` (id, label, created_at, expires_at) VALUES (?, 'test', UTC_TIMESTAMP(6) - INTERVAL 3 HOUR, UTC_TIMESTAMP(6) - INTERVAL "+l.ago+")", l.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type ticket struct {
+		name   string
+		seq    int64
+		holder int64
+	}
+	all := []ticket{
+		{"gone", 1, gone}, {"gone", 2, gone}, // a lease row that is gone
+		{"old", 1, old},                                  // a lease that ended over an hour ago
+		{"marker", markerBase + 5, 0},                    // a marker whose ticket is gone
+		{"live", 1, s.ID()}, {"live", markerBase + 1, 0}, // a live ticket and its marker
+		{"recent", 1, recent}, // a lease that ended minutes ago
+	}
+	for _, tk := range all {
+		if _, err := db.ExecContext(bg, "INSERT INTO `"+prefix+"ticket` (name, seq, holder, token, mode) VALUES (?, ?, ?, 1, 0)", tk.name, tk.seq, tk.holder); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dsync.Purge(s)
+	rows, err := db.QueryContext(bg, "SELECT name, seq, holder FROM `"+prefix+"ticket` ORDER BY name, seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var left []ticket
+	for rows.Next() {
+		var tk ticket
+		if err := rows.Scan(&tk.name, &tk.seq, &tk.holder); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, tk)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []ticket{{"live", 1, s.ID()}, {"live", markerBase + 1, 0}, {"recent", 1, recent}}
+	if !slices.Equal(left, want) {
+		t.Errorf("tickets after the purge: got %v; want %v", left, want)
+	}
+	var oldLeft, recentLeft int
+	if err := db.QueryRowContext(bg, "SELECT SUM(id = ?), SUM(id = ?) FROM `"+prefix+"lease`", old, recent).Scan(&oldLeft, &recentLeft); err != nil {
+		t.Fatal(err)
+	}
+	if oldLeft != 0 || recentLeft != 1 {
+		t.Errorf("leases after the purge: got %d of the one that ended over an hour ago, %d of the recent one; want 0 and 1", oldLeft, recentLeft)
 	}
 }

@@ -71,13 +71,14 @@ func (c *runConfig) leaderValue() string {
 
 // parseObserve finishes parsing dsync elect --observe, whose only
 // argument is the election's name; runOnly says whether a flag of running
-// a command was given (--wait, --nonblock, --grace, --quiet, --value).
+// a command was given (--wait, --nonblock, --grace, --quiet, --value,
+// --conflict-exit-code).
 func (c *runConfig) parseObserve(rest []string, runOnly bool) (*runConfig, int) {
 	switch {
 	case !c.observe:
 		return nil, usageError("elect: --json goes with --observe")
 	case runOnly:
-		return nil, usageError("elect: --observe runs no command: --wait, --nonblock, --grace, --quiet and --value do not apply")
+		return nil, usageError("elect: --observe runs no command: --wait, --nonblock, --grace, --quiet, --value and --conflict-exit-code do not apply")
 	case len(rest) == 0:
 		return nil, usageError("elect: no election name")
 	case len(rest) > 1:

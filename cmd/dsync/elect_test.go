@@ -167,6 +167,7 @@ func TestElectUsage(t *testing.T) {
 		{"elect", "x"},
 		{"elect", "--observe", "x", "--", "true"},
 		{"elect", "--observe", "-n", "x"},
+		{"elect", "--observe", "-E", "3", "x"},
 		{"elect", "--json", "x"},
 		{"elect", "--observe"},
 	} {

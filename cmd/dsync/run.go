@@ -112,7 +112,7 @@ func parseHold(cmd string, args []string) (*runConfig, int) {
 	if code := parseFlags(fs, args); code >= 0 {
 		return nil, code
 	}
-	waitSet, graceSet, limitSet := false, false, false
+	waitSet, graceSet, limitSet, conflictSet := false, false, false, false
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "limit":
@@ -121,6 +121,8 @@ func parseHold(cmd string, args []string) (*runConfig, int) {
 			waitSet = true
 		case "grace":
 			graceSet = true
+		case "conflict-exit-code", "E":
+			conflictSet = true
 		case "label":
 			c.labelSet = true
 		}
@@ -146,7 +148,7 @@ func parseHold(cmd string, args []string) (*runConfig, int) {
 		noun = "election"
 	}
 	if c.observe || c.json {
-		return c.parseObserve(rest, waitSet || graceSet || c.nonblock || c.quiet || c.value != "")
+		return c.parseObserve(rest, waitSet || graceSet || conflictSet || c.nonblock || c.quiet || c.value != "")
 	}
 	switch {
 	case kinds > 1:
