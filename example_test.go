@@ -584,7 +584,7 @@ func ExampleElection_Lead() {
 	}
 	defer session.Close()
 
-	e := dsync.NewElection(session, "nightly-report")
+	e := dsync.NewElection(session, "report-scheduler")
 	err = e.Lead(ctx, "replica-a", func(ctx context.Context) error {
 		for step := 1; step <= 2; step++ {
 			if ctx.Err() != nil {
