@@ -96,7 +96,7 @@ func parseFlags() params {
 	p.namesSessions, p.namesPer = 4, 2
 	// 2 s: etcd's smallest lease TTL (with its default heartbeat and
 	// election timeout), and allowed by dsync (1 s at least).
-	p.failSamples, p.electTTL, p.electSamples = 6, 2*time.Second, 50
+	p.failSamples, p.electTTL, p.electSamples = 8, 2*time.Second, 50
 	// A dsync observer of a leader that changes nothing reads at the
 	// latest every 8 s: a window of two such periods.
 	p.observers, p.observeIdle, p.semLimit = 4, 16*time.Second, 2
