@@ -328,9 +328,6 @@ func (r *report) markdown() []byte {
 	if r.res.has("idle.per") {
 		w("## Idle waiters\n\n| system | counted | baseline (%d sessions idle) | holder + %d waiting | per waiter |\n|---|---|---|---|---|\n", p.idleWaiters+1, p.idleWaiters)
 		for _, s := range r.res.systems {
-			if !r.res.get("idle.per", s.key).ok() {
-				continue
-			}
 			r.idleRow(w, s.name, s.countDesc, s.key, "idle")
 		}
 		w("\n")
@@ -365,8 +362,12 @@ func (r *report) markdown() []byte {
 }
 
 // idleRow writes the row of an idle-statements table: the figures
-// metric.base, metric.wait and metric.per of key.
+// metric.base, metric.wait and metric.per of key; nothing when key was not
+// measured.
 func (r *report) idleRow(w func(string, ...any), name, countDesc, key, metric string) {
+	if !r.res.get(metric+".per", key).ok() {
+		return
+	}
 	w("| %s | %s | %s | %s | %s |\n", name, countDesc, r.res.get(metric+".base", key).format(num, "/s"),
 		r.res.get(metric+".wait", key).format(num, "/s"), r.res.get(metric+".per", key).format(num, "/s"))
 }

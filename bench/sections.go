@@ -137,9 +137,6 @@ func (r *report) observeSection(w func(string, ...any)) {
 	w("\n**Idle observers**: %d+1 sessions with the default TTL, one leading; first the others do nothing for %v (baseline), then each observes, the leader changing nothing, and the statements the server receives are counted from 0.5 s after every observer had its first delivery, for %v (a dsync observer of a leader that changes nothing reads at the latest every 8 s, so the window holds two such reads). Per observer: (statements/s while observing − baseline) / %d; counted as for *idle waiters*.\n\n", p.observers, p.observeIdle, p.observeIdle, p.observers)
 	w("| system | counted | baseline (%d sessions) | %d observing | per observer |\n|---|---|---|---|---|\n", p.observers+1, p.observers)
 	for _, s := range r.res.elections {
-		if !r.res.get("obs.per", s.key).ok() {
-			continue
-		}
 		r.idleRow(w, s.name, s.countDesc, s.key, "obs")
 	}
 	w("\n")
