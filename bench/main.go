@@ -15,10 +15,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -44,11 +46,22 @@ type params struct {
 	namesSessions int
 	namesPer      int // goroutines per session
 	command       string
+	failSamples   int             // leader deaths per run and election system
+	electTTL      time.Duration   // the leases of the failover scenario
+	electSamples  int             // Resign handoffs and Proclaims timed per run
+	observers     int             // idle observers
+	observeIdle   time.Duration   // window of the idle-observer count
+	semLimit      int64           // limit of the semaphore scenario
+	semHold       time.Duration   // how long each acquisition of its contention is held
+	update        bool            // rewrite only the marked sections of the scenarios run
 	only          map[string]bool // scenarios to run; nil: all
 	systems       map[string]bool // systems to measure besides the floor; nil: all
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		os.Exit(leaderChild(os.Args[2:]))
+	}
 	code := 0
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -70,8 +83,9 @@ func parseFlags() params {
 	flag.IntVar(&p.names, "names", 1_000_000, "distinct names of the distinct-names scenario (quick: 20,000 unless set)")
 	flag.DurationVar(&p.namesAge, "age", 30*time.Second, "free-row age (dsync.WithFreeRowAge) of the distinct-names scenario (quick: 5s unless set)")
 	flag.StringVar(&p.command, "command", "", "the command line to print in the report (default: this program's)")
-	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (uncontended,contention,handoff,idle,many,names); for development: the report then lacks the others")
-	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,mutex-cap32,fair,fair-cap8,fair-cap32,rw-writer,rw-writer-cap8,rw-reader,rw-reader-cap8,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd); for development")
+	flag.StringVar(&only, "only", "", "comma-separated scenarios to run (uncontended,contention,handoff,idle,many,names,failover,resign,observe,semaphore); for development: the report then lacks the others (see -update)")
+	flag.StringVar(&systems, "systems", "", "comma-separated systems to measure besides the floor (floor,get_lock,mutex,mutex-cap8,mutex-cap32,fair,fair-cap8,fair-cap32,rw-writer,rw-writer-cap8,rw-reader,rw-reader-cap8,redsync,redsync-1ms,redsync-aof,redsync-1ms-aof,etcd; election,etcd-election for failover, resign and observe); for development")
+	flag.BoolVar(&p.update, "update", false, "with -only of failover, resign, observe and semaphore alone: rewrite only their sections of the existing BENCHMARKS.md (each states its own command, date and load), keeping the rest and the chart")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -80,7 +94,17 @@ func parseFlags() params {
 	// the default TTL), so that each holds the same number of renewals.
 	p.idleWaiters, p.idleDur, p.manyLocks, p.manyHold = 8, 6*time.Second, 10_000, 10*time.Second
 	p.namesSessions, p.namesPer = 4, 2
+	// 2 s: etcd's smallest lease TTL (with its default heartbeat and
+	// election timeout), and allowed by dsync (1 s at least).
+	p.failSamples, p.electTTL, p.electSamples = 8, 2*time.Second, 50
+	// A dsync observer of a leader that changes nothing reads at the
+	// latest every 8 s: a window of two such periods.
+	p.observers, p.observeIdle, p.semLimit = 4, 16*time.Second, 2
+	// Holds long enough to overlap, so that the check of the limit has
+	// something to check, and short beside a statement's commit.
+	p.semHold = time.Millisecond
 	if p.quick {
+		p.failSamples, p.electSamples, p.observeIdle = 2, 10, 4*time.Second
 		p.uncIters, p.conDur, p.handSamples = 200, time.Second, 30
 		p.idleDur, p.manyLocks, p.manyHold = 2*time.Second, 1000, 4*time.Second
 		if !set["names"] {
@@ -96,6 +120,29 @@ func parseFlags() params {
 	p.only, p.systems = setOf(only), setOf(systems)
 	return p
 }
+
+// markedScenarios are the scenarios whose sections -update rewrites.
+var markedScenarios = []string{"failover", "resign", "observe", "semaphore"}
+
+// checkUpdate returns an error when -update is given with scenarios
+// whose figures it cannot keep apart from the rest of the file.
+func (p params) checkUpdate() error {
+	if !p.update {
+		return nil
+	}
+	if p.only == nil {
+		return errors.New("-update needs -only with some of " + strings.Join(markedScenarios, ","))
+	}
+	for sc := range p.only {
+		if !slices.Contains(markedScenarios, sc) {
+			return fmt.Errorf("-update rewrites only the sections of %s, not %q: run the whole benchmark for that", strings.Join(markedScenarios, ", "), sc)
+		}
+	}
+	return nil
+}
+
+// wantsSystem reports whether -systems selects key (or was not given).
+func (p params) wantsSystem(key string) bool { return p.systems == nil || p.systems[key] }
 
 // setOf returns the set of a comma-separated list, nil for an empty one.
 func setOf(list string) map[string]bool {
@@ -117,9 +164,12 @@ func run() error {
 	if p.runs < 1 || p.names < 1 {
 		return errors.New("-runs and -names must be at least 1")
 	}
+	if err := p.checkUpdate(); err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	began, revision := time.Now(), dsyncRevision()
+	began, revision, loadStart := time.Now(), dsyncRevision(), loadAverage()
 
 	srv, err := startServers(ctx)
 	if err != nil {
@@ -141,11 +191,18 @@ func run() error {
 	}
 	var systems []*system
 	for _, s := range e.systems() {
-		if p.systems == nil || p.systems[s.key] || s.key == "floor" {
+		if p.wantsSystem(s.key) || s.key == "floor" {
 			systems = append(systems, s)
 		}
 	}
+	var elections []*electionSystem
+	for _, s := range e.electionSystems() {
+		if p.wantsSystem(s.key) {
+			elections = append(elections, s)
+		}
+	}
 	res := newResults(systems)
+	res.elections = elections
 	var failures []error
 	fail := func(format string, args ...any) {
 		if ctx.Err() != nil {
@@ -159,7 +216,7 @@ func run() error {
 	for runNo := 1; runNo <= p.runs && ctx.Err() == nil; runNo++ {
 		logf("run %d of %d", runNo, p.runs)
 		var floor uncontendedResult
-		if p.wants("uncontended") || p.wants("contention") || p.wants("handoff") {
+		if p.wants("uncontended") || p.wants("contention") || p.wants("handoff") || p.wants("semaphore") {
 			for _, sys := range res.systems {
 				if sys.key != "floor" && !p.wants("uncontended") {
 					continue
@@ -182,7 +239,7 @@ func run() error {
 		}
 		if p.wants("contention") {
 			for _, sys := range res.exclusive() {
-				c, err := contention(ctx, sys, fmt.Sprintf("con-%s-%d", sys.key, runNo), p.conSessions, p.conDur)
+				c, err := contention(ctx, sys, fmt.Sprintf("con-%s-%d", sys.key, runNo), p.conSessions, p.conDur, 1, 0)
 				if err != nil {
 					fail("contention %s: %v", sys.key, err)
 				}
@@ -199,21 +256,27 @@ func run() error {
 					sys.key, c.perSecond(c.acquisitions), c.perSecond(c.handoffs), ms(c.longestWait), c.violations)
 			}
 		}
-		if p.wants("handoff") {
-			var handFloor time.Duration
+		var handFloor time.Duration
+		if p.wants("handoff") || p.wants("resign") || p.wants("observe") {
 			if sys := res.system("floor"); sys != nil {
 				p50, p99, err := handoffFloor(ctx, sys, fmt.Sprintf("hand-floor-%d", runNo), p.handSamples)
 				if err != nil {
 					fail("handoff floor: %v", err)
 				} else {
 					handFloor = p50
-					res.add("hand.p50", sys.key, ms(p50))
-					res.add("hand.p99", sys.key, ms(p99))
-					res.add("hand.ratio", sys.key, ratioTo(ms(p50), ms(floor.p50)))
-					res.add("hand.vsfloor", sys.key, 1)
+					res.add("hfloor.p50", sys.key, ms(p50))
+					res.add("hfloor.p99", sys.key, ms(p99))
+					if p.wants("handoff") {
+						res.add("hand.p50", sys.key, ms(p50))
+						res.add("hand.p99", sys.key, ms(p99))
+						res.add("hand.ratio", sys.key, ratioTo(ms(p50), ms(floor.p50)))
+						res.add("hand.vsfloor", sys.key, 1)
+					}
 					logf("  handoff     %-16s p50 %.3f ms  p99 %.3f ms", sys.key, ms(p50), ms(p99))
 				}
 			}
+		}
+		if p.wants("handoff") {
 			for _, sys := range res.systems {
 				if !sys.exclusive && !sys.readers {
 					continue
@@ -262,6 +325,12 @@ func run() error {
 				logf("  many        %-16s %d locks in %.2fs; %.2f statements/s while held", sys.key, p.manyLocks, r.acquire.Seconds(), r.perSecond)
 			}
 		}
+		for _, es := range elections {
+			electionScenarios(ctx, p, e, res, es, runNo, handFloor, fail)
+		}
+		if p.wants("semaphore") && p.wantsSystem("semaphore") {
+			semaphoreScenarios(ctx, p, e, res, runNo, floor, fail)
+		}
 	}
 	var names *namesResult
 	if p.wants("names") && ctx.Err() == nil {
@@ -281,7 +350,16 @@ func run() error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("interrupted: %w", err)
 	}
-	rep := report{p: p, res: res, names: names, srv: srv, began: began, revision: revision, took: time.Since(began), failures: failures}
+	rep := report{p: p, res: res, names: names, srv: srv, began: began, revision: revision, took: time.Since(began), failures: failures,
+		loadStart: loadStart, loadEnd: loadAverage()}
+	if p.update {
+		path := filepath.Join(p.out, "BENCHMARKS.md")
+		if err := rep.update(path); err != nil {
+			return err
+		}
+		logf("rewrote the sections of %s in %s (%v)", strings.Join(slices.Sorted(maps.Keys(p.only)), ", "), path, time.Since(began).Round(time.Second))
+		return errors.Join(failures...)
+	}
 	if err := os.MkdirAll(p.out, 0o755); err != nil {
 		return err
 	}
@@ -305,8 +383,9 @@ func ratioTo(a, b float64) float64 {
 
 // results holds every figure of every run, by metric and system.
 type results struct {
-	systems []*system
-	figs    map[string]*spread // metric + "|" + system key
+	systems   []*system
+	elections []*electionSystem
+	figs      map[string]*spread // metric + "|" + system key
 }
 
 func newResults(systems []*system) *results {

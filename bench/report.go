@@ -26,6 +26,19 @@ type report struct {
 	revision string // of the dsync measured, read as the run began
 	took     time.Duration
 	failures []error
+	// loadStart and loadEnd are the machine's load averages as the run
+	// began and ended.
+	loadStart, loadEnd string
+}
+
+// loadAverage returns the 1, 5 and 15 minute load averages of
+// /proc/loadavg, "unknown" without it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " / ")
+	}
+	return "unknown"
 }
 
 func etcdVersion() string { return version.Version }
@@ -210,6 +223,7 @@ func (r *report) markdown() []byte {
 	w("| Redis | %s (Debian's `redis-server`), two servers: %s; and %s |\n", r.srv.versions["redis"], r.srv.redis[0].desc, r.srv.redis[1].desc)
 	w("| etcd | %s, embedded (`go.etcd.io/etcd/server/v3/embed`), one member, default settings (WAL fsynced on every commit) |\n", r.srv.versions["etcd"])
 	w("| dsync | %s |\n", r.revision)
+	w("| load average (1 / 5 / 15 min) | %s as the run began, %s as it ended |\n", r.loadStart, r.loadEnd)
 	w("\nClients, servers and this program share the machine, all over 127.0.0.1: absolute times are noise on a small shared box, the ratios to the floor measured in the same run are the figures to compare. Every figure is the median of the runs with the range (min–max) in brackets.\n\n")
 	w("![Uncontended Lock+Unlock p50 as a multiple of the floor, and handoff p50 between sessions, per lock system](benchmarks.svg)\n\n")
 
@@ -254,6 +268,7 @@ func (r *report) markdown() []byte {
 	w("- **many locks**: one session acquires %s `Mutex` names one after another (time taken), then holds them for %v while the server's statements are counted (as above): the keep-alive cost of holding many locks. `GET_LOCK` on one connection for comparison.\n", groupThousands(int64(p.manyLocks)), p.manyHold)
 	w("- **distinct names**: %d goroutines over %d sessions lock and unlock %s distinct `Mutex` names once each, recording each fence (once per `make bench-peers`: it takes minutes). With `dsync.WithFreeRowAge(age)` the lock table's rows are counted (`SELECT COUNT(*)`, every 2 s during the pass and every second after it; the peak is the largest count seen) until they are back to ≤ 1 %% of the peak; data+index size from `information_schema.TABLES` after `ANALYZE TABLE`. Then one name in %s is locked again: its new fence must exceed the recorded one (a repeat fails the program).\n\n", p.namesSessions*p.namesPer, p.namesSessions, groupThousands(int64(p.names)), groupThousands(int64(max(1, p.names/2000))))
 
+	w("The election and semaphore scenarios (failover, resign, observe, semaphore) are described in their own sections at the end.\n\n")
 	w("Reading the figures:\n\n")
 	w("- `GET_LOCK` queues its waiters inside the server and wakes the next one when the lock is released, but it is not a lease: it lives as long as one connection, and MariaDB Galera Cluster does not support it.\n")
 	w("- redsync waiters poll: with the default retry delay (50–250 ms) a releasing session usually takes the lock again before any waiter looks, so handoffs between sessions are rare and waits long; with a 1 ms delay each waiter sends a few commands per millisecond while it waits. A redsync lock is not fenced, and a redis without persistence forgets every lock when it restarts.\n")
@@ -313,11 +328,7 @@ func (r *report) markdown() []byte {
 	if r.res.has("idle.per") {
 		w("## Idle waiters\n\n| system | counted | baseline (%d sessions idle) | holder + %d waiting | per waiter |\n|---|---|---|---|---|\n", p.idleWaiters+1, p.idleWaiters)
 		for _, s := range r.res.systems {
-			if !r.res.get("idle.per", s.key).ok() {
-				continue
-			}
-			w("| %s | %s | %s | %s | %s |\n", s.name, s.countDesc, r.res.get("idle.base", s.key).format(num, "/s"),
-				r.res.get("idle.wait", s.key).format(num, "/s"), r.res.get("idle.per", s.key).format(num, "/s"))
+			r.idleRow(w, s.name, s.countDesc, s.key, "idle")
 		}
 		w("\n")
 	}
@@ -344,7 +355,21 @@ func (r *report) markdown() []byte {
 		w("| names locked again, fence above the recorded one | %s of %s |\n", groupThousands(int64(n.sampled)-n.fenceRepeats), groupThousands(int64(n.sampled)))
 		w("\n")
 	}
+	for _, sec := range r.sections() {
+		w("%s\n", sec.text)
+	}
 	return b.Bytes()
+}
+
+// idleRow writes the row of an idle-statements table: the figures
+// metric.base, metric.wait and metric.per of key; nothing when key was not
+// measured.
+func (r *report) idleRow(w func(string, ...any), name, countDesc, key, metric string) {
+	if !r.res.get(metric+".per", key).ok() {
+		return
+	}
+	w("| %s | %s | %s | %s | %s |\n", name, countDesc, r.res.get(metric+".base", key).format(num, "/s"),
+		r.res.get(metric+".wait", key).format(num, "/s"), r.res.get(metric+".per", key).format(num, "/s"))
 }
 
 func backAfter(n *namesResult) string {

@@ -74,22 +74,25 @@ type contentionResult struct {
 	handoffs     int64 // acquisitions whose previous holder was another session
 	elapsed      time.Duration
 	longestWait  time.Duration // longest time spent in one Lock
-	violations   int64         // acquisitions while another session held the lock
+	violations   int64         // acquisitions while limit sessions held the lock already
+	maxHeld      int32         // most sessions holding the lock at once
 }
 
 func (r contentionResult) perSecond(n int64) float64 { return float64(n) / r.elapsed.Seconds() }
 
 // contention has sessions goroutines, each with a session of its own, lock
-// one name, check that nobody else holds it, bump a shared counter and
-// unlock, for d.
-func contention(ctx context.Context, sys *system, name string, sessions int, d time.Duration) (contentionResult, error) {
+// one name, check that fewer than limit others hold it, bump a shared
+// counter (limit 1: mutual exclusion), hold it for hold (0: not at all)
+// and unlock, for d.
+func contention(ctx context.Context, sys *system, name string, sessions int, d time.Duration, limit int32, hold time.Duration) (contentionResult, error) {
 	ss, err := openSessions(ctx, sys, sessions)
 	if err != nil {
 		return contentionResult{}, err
 	}
 	defer closeSessions(ss)
 	var (
-		holders      atomic.Int32 // sessions inside the critical section: must be 0 or 1
+		holders      atomic.Int32 // sessions inside the critical section: must be at most limit
+		maxHeld      atomic.Int32
 		lastHolder   atomic.Int32
 		violations   atomic.Int64
 		acquisitions atomic.Int64
@@ -115,13 +118,21 @@ func contention(ctx context.Context, sys *system, name string, sessions int, d t
 					if err != nil {
 						return fmt.Errorf("session %d: Lock: %w", i, err)
 					}
-					if holders.Add(1) != 1 {
+					h := holders.Add(1)
+					if h > limit {
 						violations.Add(1)
 					}
-					counter++
+					for m := maxHeld.Load(); h > m && !maxHeld.CompareAndSwap(m, h); m = maxHeld.Load() {
+					}
+					if limit == 1 {
+						counter++
+					}
 					acquisitions.Add(1)
 					if prev := lastHolder.Swap(int32(i)); prev >= 0 && prev != int32(i) {
 						handoffs.Add(1)
+					}
+					if hold > 0 {
+						time.Sleep(hold)
 					}
 					holders.Add(-1)
 					mu.Lock()
@@ -145,8 +156,9 @@ func contention(ctx context.Context, sys *system, name string, sessions int, d t
 		elapsed:      time.Since(start),
 		longestWait:  longest,
 		violations:   violations.Load(),
+		maxHeld:      maxHeld.Load(),
 	}
-	if counter != r.acquisitions {
+	if limit == 1 && counter != r.acquisitions {
 		// Unsynchronised increments lost: another sign of overlap.
 		r.violations += max(r.acquisitions-counter, 1)
 	}
@@ -288,22 +300,7 @@ func idle(ctx context.Context, sys *system, name string, waiters int, d time.Dur
 		return idleResult{}, err
 	}
 	defer closeSessions(ss)
-	count := func(d time.Duration) (float64, error) {
-		c0, err := sys.statements(ctx)
-		if err != nil {
-			return 0, err
-		}
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-		c1, err := sys.statements(ctx)
-		if err != nil {
-			return 0, err
-		}
-		return float64(c1-c0-sys.selfCount) / d.Seconds(), nil
-	}
+	count := func(d time.Duration) (float64, error) { return countStatements(ctx, sys.statements, sys.selfCount, d) }
 	time.Sleep(300 * time.Millisecond) // let the sessions' start-up settle
 	var r idleResult
 	if r.baseline, err = count(d); err != nil {
@@ -335,6 +332,25 @@ func idle(ctx context.Context, sys *system, name string, waiters int, d time.Dur
 	}
 	r.perWaiter = (r.waiting - r.baseline) / float64(waiters)
 	return r, errors.Join(errList...)
+}
+
+// countStatements returns the statements/s the server receives in the
+// next d, by statements, less the selfCount each call of statements adds.
+func countStatements(ctx context.Context, statements func(context.Context) (int64, error), selfCount int64, d time.Duration) (float64, error) {
+	c0, err := statements(ctx)
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	c1, err := statements(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return float64(c1-c0-selfCount) / d.Seconds(), nil
 }
 
 // manyResult is one run of the many-locks scenario.

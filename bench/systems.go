@@ -157,9 +157,10 @@ func (e *env) systems() []*system {
 // dsyncSession is a dsync Session on a *sql.DB of its own, as a separate
 // process would have.
 type dsyncSession struct {
-	db   *sql.DB
-	s    *dsync.Session
-	kind string
+	db    *sql.DB
+	s     *dsync.Session
+	kind  string
+	limit int64 // of the "semaphore" kind's Semaphores
 }
 
 func openDB(dsn string) (*sql.DB, error) {
@@ -200,6 +201,12 @@ func (d *dsyncSession) lock(name string) locker {
 	case "rw-reader":
 		rw := dsync.NewRWMutex(d.s, name)
 		return lockFuncs{rw.RLock, rw.RUnlock}
+	case "semaphore": // one permit of limit
+		m := dsync.NewSemaphore(d.s, name, d.limit)
+		return lockFuncs{
+			func(ctx context.Context) error { return m.Acquire(ctx, 1) },
+			func(ctx context.Context) error { return m.Release(ctx, 1) },
+		}
 	default:
 		return dsync.NewMutex(d.s, name)
 	}
@@ -390,7 +397,7 @@ type etcdSession struct {
 	s *concurrency.Session
 }
 
-func newEtcdSession(ctx context.Context, endpoint string, rpcs *atomic.Int64) (*etcdSession, error) {
+func newEtcdSession(ctx context.Context, endpoint string, rpcs *atomic.Int64, opts ...concurrency.SessionOption) (*etcdSession, error) {
 	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		rpcs.Add(1)
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -403,7 +410,7 @@ func newEtcdSession(ctx context.Context, endpoint string, rpcs *atomic.Int64) (*
 	if err != nil {
 		return nil, err
 	}
-	s, err := concurrency.NewSession(c, concurrency.WithContext(ctx))
+	s, err := concurrency.NewSession(c, append([]concurrency.SessionOption{concurrency.WithContext(ctx)}, opts...)...)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -422,12 +429,17 @@ func (e *etcdSession) close() error {
 
 // openSessions opens n sessions of sys; on error it closes those opened.
 func openSessions(ctx context.Context, sys *system, n int) ([]session, error) {
-	var out []session
+	return openAll(ctx, sys.key, n, sys.newSession)
+}
+
+// openAll opens n sessions with open; on error it closes those opened.
+func openAll[S interface{ close() error }](ctx context.Context, key string, n int, open func(context.Context) (S, error)) ([]S, error) {
+	var out []S
 	for range n {
-		s, err := sys.newSession(ctx)
+		s, err := open(ctx)
 		if err != nil {
 			closeSessions(out)
-			return nil, fmt.Errorf("%s: new session: %w", sys.key, err)
+			return nil, fmt.Errorf("%s: new session: %w", key, err)
 		}
 		out = append(out, s)
 	}
@@ -443,7 +455,7 @@ func writerOf(s session, name string) locker {
 	return s.lock(name)
 }
 
-func closeSessions(ss []session) {
+func closeSessions[S interface{ close() error }](ss []S) {
 	for _, s := range ss {
 		if err := s.close(); err != nil {
 			logf("closing a session: %v", err)
