@@ -129,11 +129,12 @@ func (c *client) semRelease(g int, rng *rand.Rand, base context.Context, m *dsyn
 }
 
 // semLineQuery reads the live tickets of a semaphore's line, in order:
-// dsync_ticket's rows (documented in docs/OPERATIONS.md) whose lease has
+// dsync_ticket's rows (documented in docs/OPERATIONS.md: a Semaphore's
+// are kept under its name with the byte 0xFE before it) whose lease has
 // not ended on the database's clock, markers left out (their numbers
 // start at 2^62).
 const semLineQuery = `SELECT t.seq, t.holder, t.weight FROM dsync_ticket t JOIN dsync_lease l ON l.id = t.holder
-WHERE t.name = ? AND t.seq < 4611686018427387904 AND l.expires_at > UTC_TIMESTAMP(6) ORDER BY t.seq`
+WHERE t.name = CONCAT(CHAR(254), ?) AND t.seq < 4611686018427387904 AND l.expires_at > UTC_TIMESTAMP(6) ORDER BY t.seq`
 
 // semLook reads the semaphore's line right after an acquisition returned,
 // in one statement, and records it (Value: "seq:holder:weight ..."; Seq:
