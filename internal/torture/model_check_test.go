@@ -378,11 +378,16 @@ func TestModelSemaphore(t *testing.T) {
 			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
 			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:3:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
 		), nil, "Semaphore line"},
-		{"line: a grant past a waiter, within a step back of the clock", history(
-			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}},
+		{"line: a lost lease's ticket ahead, after a step back of the clock", history(
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}}, done(2, 3, 100),
 			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
 			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:3:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
 		), nil, ""},
+		{"line: a live lease's ticket ahead, after a step back of the clock", history(
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}}, done(2, 3, 100),
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:4:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, "Semaphore line"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkHistory(t, tc.events, ttl, tc.logKeys, tc.illegal)

@@ -169,6 +169,37 @@ type semLook struct {
 // had ended may be live again on the server's clock (a look counts it).
 const semClockSlack = 7 * time.Second
 
+// semLostLeases returns the leases that the history shows lost at some
+// time, before or after a look: their session saw Done, or closed
+// them lost, or their process incarnation was killed. A lease that lives
+// again after a step back of the server's clock had ended there, so its
+// session saw Done before (or was killed): it is one of these.
+func semLostLeases(events []Event) map[int64]bool {
+	lost := map[int64]bool{}
+	killed := map[procInc]bool{}
+	byProc := map[procInc][]int64{}
+	for _, e := range events {
+		switch {
+		case e.Proc == -1 && e.Op == nemKill:
+			killed[procInc{e.G, e.Inc}] = true
+		case e.Proc == -1 || e.Sess == 0:
+		case e.Op == opDone, e.Op == opClose && e.Lost:
+			lost[e.Sess] = true
+		default:
+			pi := procInc{e.Proc, e.Inc}
+			byProc[pi] = append(byProc[pi], e.Sess)
+		}
+	}
+	for pi, ids := range byProc {
+		if killed[pi] {
+			for _, id := range ids {
+				lost[id] = true
+			}
+		}
+	}
+	return lost
+}
+
 // checkSemLines checks what the Semaphore's line promises (its "no
 // barging" and limit, on the database's side): a ticket holds when the
 // weights of the live tickets up to and including it add up to at most
@@ -181,21 +212,26 @@ const semClockSlack = 7 * time.Second
 // that took while an earlier one did not fit (overtaking it), or that
 // took beyond the limit, fails. (A step back of the server's clock makes
 // leases that had ended live again, whose tickets then count in the line
-// though their sessions hold nothing: looks within the sum of the
-// backward steps plus the TTL and semClockSlack after one are not
-// checked.) Looks that find no live ticket of the session (its lease
-// ended meanwhile) prove nothing.
+// though their sessions hold nothing: in looks within the sum of the
+// backward steps plus the TTL and semClockSlack after one, the tickets
+// of leases lost at some time, semLostLeases, are left out.) Looks that
+// find no live ticket of the session (its lease ended meanwhile) prove
+// nothing.
 func (b *builder) checkSemLines() []anomaly {
 	var out []anomaly
 	for _, l := range b.semLooks {
-		if l.seq == 0 || slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return l.call >= w[0] && l.call <= w[1] }) {
+		if l.seq == 0 {
 			b.semLooksSkipped++
 			continue
+		}
+		afterStep := slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return l.call >= w[0] && l.call <= w[1] })
+		if afterStep {
+			b.semLooksAfterStep++
 		}
 		var prefix int64
 		for _, f := range strings.Fields(l.line) {
 			var seq, holder, weight int64
-			if _, err := fmt.Sscanf(f, "%d:%d:%d", &seq, &holder, &weight); err != nil || seq > l.seq {
+			if _, err := fmt.Sscanf(f, "%d:%d:%d", &seq, &holder, &weight); err != nil || seq > l.seq || (afterStep && b.lostLeases[holder]) {
 				continue
 			}
 			prefix += weight
@@ -212,6 +248,7 @@ func (b *builder) checkSemLines() []anomaly {
 // clockBacks fills clockBack from the history's backward steps of the
 // server's clock (see checkSemLines).
 func (b *builder) clockBacks(events []Event) {
+	b.lostLeases = semLostLeases(events)
 	var back int64
 	for _, e := range events {
 		if e.Proc == -1 && e.Op == nemClock && e.Dur < 0 {
