@@ -64,6 +64,7 @@ func (c *client) semaphore(g int, rng *rand.Rand, base context.Context, s *dsync
 			if !c.semRelease(g, rng, base, m, 1+int64(rng.IntN(int(total()-1))), &holds) {
 				return
 			}
+			c.semLook(g, s, holds)
 			continue
 		}
 		c.semRelease(g, rng, base, m, total(), &holds)
@@ -136,12 +137,13 @@ func (c *client) semRelease(g int, rng *rand.Rand, base context.Context, m *dsyn
 const semLineQuery = `SELECT t.seq, t.holder, t.weight FROM dsync_ticket t JOIN dsync_lease l ON l.id = t.holder
 WHERE t.name = CONCAT(CHAR(254), ?) AND t.seq < 4611686018427387904 AND l.expires_at > UTC_TIMESTAMP(6) ORDER BY t.seq`
 
-// semLook reads the semaphore's line right after an acquisition returned,
-// in one statement, and records it (Value: "seq:holder:weight ..."; Seq:
-// the session's latest ticket, the acquisition's; N: the permits the
-// goroutine holds): its ticket took, so the live tickets up to and
-// including it weigh at most the limit, then and as long as it holds
-// (see checkSemLines).
+// semLook reads the semaphore's line right after an acquisition or a
+// partial release returned, in one statement, and records it (Value:
+// "seq:holder:weight ..."; Seq: the session's latest ticket, the latest
+// acquisition's; N: the permits the goroutine holds): that ticket took,
+// so the live tickets up to and including it weigh at most the limit,
+// then and as long as it holds, and the session's tickets weigh at least
+// what the goroutine holds (see checkSemLines).
 func (c *client) semLook(g int, s *dsync.Session, holds []semHold) {
 	sess := s.ID()
 	id := c.rec.call(g, Event{Op: opSemLook, Name: semName, Sess: sess})

@@ -281,11 +281,16 @@ func sop(proc int, id, ts int64, op, res string, n, fence, sess int64) []Event {
 
 // look builds a read of the semaphore's line by process proc (see
 // semLook): line as "seq:holder:weight ...", seq the session's latest
-// ticket.
+// ticket; the client holds 1 permit.
 func look(proc int, id, ts int64, sess, seq int64, line string) []Event {
+	return lookHeld(proc, id, ts, sess, seq, 1, line)
+}
+
+// lookHeld is look by a client that holds held permits.
+func lookHeld(proc int, id, ts int64, sess, seq, held int64, line string) []Event {
 	return []Event{
 		{Proc: proc, ID: id, Type: "call", TS: ts, Op: opSemLook, Name: semName, Sess: sess},
-		{Proc: proc, ID: id, Type: "ret", TS: ts + 1, Op: opSemLook, Name: semName, Res: "ok", Sess: sess, Seq: seq, Value: line},
+		{Proc: proc, ID: id, Type: "ret", TS: ts + 1, Op: opSemLook, Name: semName, Res: "ok", Sess: sess, Seq: seq, N: held, Value: line},
 	}
 }
 
@@ -377,6 +382,14 @@ func TestModelSemaphore(t *testing.T) {
 		{"line: a grant past a waiter that does not fit", history(
 			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
 			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:3:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, "Semaphore line"},
+		{"line: the session's tickets weigh what its client holds, after a partial release", history(
+			sop(1, 1, 0, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 5, opSemRelease, "ok", 1, 0, 2),
+			lookHeld(1, 3, 10, 2, 8, 1, "7:1:1 8:2:1"), sop(1, 4, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"line: the session's tickets weigh less than its client holds", history(
+			sop(1, 1, 0, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 5, opSemRelease, "ok", 1, 0, 2),
+			lookHeld(1, 3, 10, 2, 8, 1, "7:1:1 8:2:0"), sop(1, 4, 20, opSemRelease, "ok", 1, 0, 2),
 		), nil, "Semaphore line"},
 		{"line: a lost lease's ticket ahead, after a step back of the clock", history(
 			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}}, done(2, 3, 100),

@@ -150,17 +150,18 @@ func (b *builder) walkSemaphore(c int, pi procInc, holds map[string]*hold, call,
 		}
 	case opSemLook:
 		if ret.Res == "ok" {
-			b.semLooks = append(b.semLooks, semLook{client: c, call: call.TS, ret: ret.TS, sess: ret.Sess, seq: ret.Seq, line: ret.Value})
+			b.semLooks = append(b.semLooks, semLook{client: c, call: call.TS, ret: ret.TS, sess: ret.Sess, seq: ret.Seq, held: ret.N, line: ret.Value})
 		}
 	}
 }
 
 // semLook is a read of the semaphore's line right after an acquisition
-// returned (see semLook in client_semaphore_test.go).
+// or a partial release returned (see semLook in client_semaphore_test.go).
 type semLook struct {
 	client    int
 	call, ret int64
-	sess, seq int64  // the session and its latest ticket, the acquisition's (0: none live)
+	sess, seq int64  // the session and its latest ticket, the latest acquisition's (0: none live)
+	held      int64  // the permits the client holds
 	line      string // "seq:holder:weight ..."
 }
 
@@ -206,9 +207,11 @@ func semLostLeases(events []Event) map[int64]bool {
 // the limit, tickets ahead of it only go or shrink, and later ones are
 // numbered behind it, so once a ticket took its permits, the live
 // tickets up to it weigh at most the limit for as long as it is live.
-// Each look, made right after an acquisition returned, read the live line
-// in one statement: the line up to the acquisition's ticket (the
-// session's latest) must weigh at most the limit. A ticket
+// Each look, made right after an acquisition or a partial release
+// returned, read the live line in one statement: the line up to the
+// session's latest ticket (the latest acquisition's) must weigh at most
+// the limit, and the session's tickets at least the permits the client
+// holds (else the database counts free permits that a holder holds). A ticket
 // that took while an earlier one did not fit (overtaking it), or that
 // took beyond the limit, fails. (A step back of the server's clock makes
 // leases that had ended live again, whose tickets then count in the line
@@ -235,6 +238,18 @@ func (b *builder) checkSemLines() []anomaly {
 				continue
 			}
 			prefix += weight
+		}
+		var own int64
+		for _, f := range strings.Fields(l.line) {
+			var seq, holder, weight int64
+			if _, err := fmt.Sscanf(f, "%d:%d:%d", &seq, &holder, &weight); err == nil && holder == l.sess {
+				own += weight
+			}
+		}
+		if own < l.held {
+			out = append(out, anomaly{name: semName, check: "line", result: porcupine.Illegal, first: l.call, last: l.call, text: fmt.Sprintf(
+				"Semaphore line: client %d holds %d permits, and its session's (%d) live tickets weigh %d at %d (seq:holder:weight: %s)",
+				l.client, l.held, l.sess, own, l.call, l.line)})
 		}
 		if prefix > semLimit {
 			out = append(out, anomaly{name: semName, check: "line", result: porcupine.Illegal, first: l.call, last: l.call, text: fmt.Sprintf(
