@@ -153,13 +153,16 @@ func eop(proc int, id, ts int64, op, res string, term, sess int64, value string,
 	return []Event{call, ret}
 }
 
+// doneEvent is process proc's session sess seen lost (Done) at ts.
+func doneEvent(proc int, sess, ts int64) []Event {
+	return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
+}
+
 // TestModelElection checks the election's model and the Observe check on
 // small histories, a legal and an illegal one for each rule.
 func TestModelElection(t *testing.T) {
 	const ttl = time.Second
-	done := func(proc int, sess, ts int64) []Event {
-		return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
-	}
+	done := doneEvent
 	kill := func(proc int, ts int64) []Event {
 		return []Event{{Proc: -1, G: proc, Type: "event", TS: ts, Op: nemKill}}
 	}
@@ -299,9 +302,7 @@ func lookHeld(proc int, id, ts int64, sess, seq, held int64, line string) []Even
 // rule.
 func TestModelSemaphore(t *testing.T) {
 	const ttl = time.Second
-	done := func(proc int, sess, ts int64) []Event {
-		return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
-	}
+	done := doneEvent
 	check := func(proc int, id, ts int64) []Event { return ev(proc, 0, id, ts, opCheck, semName, "ok", 0, 0) }
 	for _, tc := range []struct {
 		name    string

@@ -46,15 +46,7 @@ func (s semState) withPermits(c int, n int64) string {
 			ids = append(ids, id)
 		}
 	}
-	if len(ids) == 0 {
-		return ""
-	}
-	slices.Sort(ids)
-	var b strings.Builder
-	for _, id := range ids {
-		fmt.Fprintf(&b, ",%d:%d", id, p[id])
-	}
-	return b.String() + ","
+	return clientList(ids, func(id int) string { return fmt.Sprintf("%d:%d", id, p[id]) })
 }
 
 // semStep is the sequential specification of a semaphore of semLimit

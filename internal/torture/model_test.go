@@ -70,13 +70,19 @@ func (s lockState) withReader(c int, add bool) string {
 	if add {
 		ids = append(ids, c)
 	}
+	return clientList(ids, strconv.Itoa)
+}
+
+// clientList encodes clients for a comparable model state: ",a,b," with
+// a < b, each client written by item; "" for none.
+func clientList(ids []int, item func(int) string) string {
 	if len(ids) == 0 {
 		return ""
 	}
 	slices.Sort(ids)
 	var b strings.Builder
 	for _, id := range ids {
-		b.WriteString("," + strconv.Itoa(id))
+		b.WriteString("," + item(id))
 	}
 	return b.String() + ","
 }
