@@ -60,6 +60,8 @@ type client struct {
 
 	mu   sync.Mutex
 	sess *dsync.Session // the current session, nil between sessions; guarded by mu
+
+	semMu sync.Mutex // held by the goroutine that uses the semaphore (see semaphore)
 }
 
 func (c *client) current() *dsync.Session {
@@ -247,24 +249,26 @@ func (c *client) work(g int) {
 			continue
 		}
 		switch r := rng.IntN(100); {
-		case r < 28:
+		case r < 24:
 			c.mutexLock(g, rng, base, owner, s, false)
-		case r < 36:
+		case r < 31:
 			c.mutexLock(g, rng, base, owner, s, true)
-		case r < 48 && c.noLockTx:
-			c.mutexLock(g, rng, base, owner, s, r < 44)
-		case r < 48:
+		case r < 42 && c.noLockTx:
+			c.mutexLock(g, rng, base, owner, s, r < 39)
+		case r < 42:
 			c.lockTx(g, rng, base, owner, s)
-		case r < 60:
+		case r < 53:
 			c.fairLock(g, rng, base, owner, s)
-		case r < 70:
+		case r < 61:
 			c.rLock(g, rng, base, owner, s)
-		case r < 80:
+		case r < 69:
 			c.wLock(g, rng, base, owner, s)
-		case r < 92:
+		case r < 80:
 			c.campaign(g, rng, base, s)
-		default:
+		case r < 86:
 			c.readLeader(g, rng, base, s)
+		default:
+			c.semaphore(g, rng, base, s)
 		}
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 	}

@@ -32,7 +32,9 @@ const galeraNemesis = "stop,kill,killconn,latency,cut,drop,nodekill,partition"
 
 // TestTortureGalera is TestTorture on a running 3-node Galera cluster
 // (make torture-galera starts one and runs it): client process p talks to
-// node p % 3 through its own fault proxy, LockTx is left out, and besides
+// node p % 3 through its own fault proxy, LockTx is left out (the
+// Election and the Semaphore run as on one server, their waiters and
+// observers polling where there are no doorbells), and besides
 // the client faults the nemesis SIGKILLs a node and restarts it, or cuts
 // one node off the others' group communication, one node at a time.
 func TestTortureGalera(t *testing.T) {

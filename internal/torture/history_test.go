@@ -46,7 +46,7 @@ type Event struct {
 	Fence int64  `json:"fence,omitempty"` // the hold's fence (acquire ret), or the fence written (write)
 	Res   string `json:"res,omitempty"`   // ret: ok, fail, landed, refused, unknown, noleader, notleader
 	Err   string `json:"err,omitempty"`   // ret: the error, when there was one
-	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting; observed: the process's Observe call it came from
+	Seq   int64  `json:"seq,omitempty"`   // ticket: the FairMutex ticket seen waiting; observed: the process's Observe call it came from; semlook: the session's latest ticket
 	Key   string `json:"key,omitempty"`   // write: the key of its log row
 	Dur   int64  `json:"dur,omitempty"`   // nemesis: how long the fault lasts, nanoseconds
 
@@ -55,6 +55,10 @@ type Event struct {
 	Value  string `json:"value,omitempty"`  // campaign, proclaim: the value sent; leader, observed ret: the leader's value
 	Leader int64  `json:"leader,omitempty"` // leader, observed ret: the leader's session (Leader.Session)
 	Lost   bool   `json:"lost,omitempty"`   // resign, close ret: the session's lease had ended (Err not nil, or replaced) when it returned
+
+	// Semaphores. Fence is the acquisition's (AcquireFence); Sess the
+	// session the call ran on (ret: after it); Seq a line look's own ticket.
+	N int64 `json:"n,omitempty"` // semacquire, semtry, semrelease: the permits asked for or given back; semlook: the permits the call's goroutine holds
 }
 
 // The operations.
@@ -82,6 +86,11 @@ const (
 	opResign   = "resign"   // Election.Resign after leading
 	opLeader   = "leader"   // Election.Leader: ok (the leader), noleader (ErrNoLeader) or fail
 	opObserved = "observed" // a Leader delivered by Election.Observe: a read over [call, ret] (see observe)
+
+	opSemAcquire = "semacquire" // Semaphore.AcquireFence (ret: Fence, Sess)
+	opSemTry     = "semtry"     // Semaphore.TryAcquireFence: ok (acquired), fail (false, or an error)
+	opSemRelease = "semrelease" // Semaphore.Release of N permits
+	opSemLook    = "semlook"    // the semaphore's live line read right after a grant (Value: the line, see semLine)
 )
 
 // The nemesis's actions (events of Proc -1, Op one of these, G the target).

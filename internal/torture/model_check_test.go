@@ -153,13 +153,16 @@ func eop(proc int, id, ts int64, op, res string, term, sess int64, value string,
 	return []Event{call, ret}
 }
 
+// doneEvent is process proc's session sess seen lost (Done) at ts.
+func doneEvent(proc int, sess, ts int64) []Event {
+	return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
+}
+
 // TestModelElection checks the election's model and the Observe check on
 // small histories, a legal and an illegal one for each rule.
 func TestModelElection(t *testing.T) {
 	const ttl = time.Second
-	done := func(proc int, sess, ts int64) []Event {
-		return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
-	}
+	done := doneEvent
 	kill := func(proc int, ts int64) []Event {
 		return []Event{{Proc: -1, G: proc, Type: "event", TS: ts, Op: nemKill}}
 	}
@@ -262,6 +265,146 @@ func TestModelElection(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkHistory(t, tc.events, ttl, nil, tc.illegal)
+		})
+	}
+}
+
+// sop builds a semaphore operation of process proc's goroutine 0 (ret at
+// ts+1; no ret when res is ""): n permits asked for or given back (for a
+// look: the line, in line, and sess's latest ticket seq), fence and sess
+// the ret's.
+func sop(proc int, id, ts int64, op, res string, n, fence, sess int64) []Event {
+	call := Event{Proc: proc, ID: id, Type: "call", TS: ts, Op: op, Name: semName, N: n, Sess: sess}
+	ret := Event{Proc: proc, ID: id, Type: "ret", TS: ts + 1, Op: op, Name: semName, Res: res, N: n, Fence: fence, Sess: sess}
+	if res == "" {
+		return []Event{call}
+	}
+	return []Event{call, ret}
+}
+
+// look builds a read of the semaphore's line by process proc (see
+// semLook): line as "seq:holder:weight ...", seq the session's latest
+// ticket; the client holds 1 permit.
+func look(proc int, id, ts int64, sess, seq int64, line string) []Event {
+	return lookHeld(proc, id, ts, sess, seq, 1, line)
+}
+
+// lookHeld is look by a client that holds held permits.
+func lookHeld(proc int, id, ts int64, sess, seq, held int64, line string) []Event {
+	return []Event{
+		{Proc: proc, ID: id, Type: "call", TS: ts, Op: opSemLook, Name: semName, Sess: sess},
+		{Proc: proc, ID: id, Type: "ret", TS: ts + 1, Op: opSemLook, Name: semName, Res: "ok", Sess: sess, Seq: seq, N: held, Value: line},
+	}
+}
+
+// TestModelSemaphore checks the semaphore's model (limit semLimit, 3) and
+// its line check on small histories, a legal and an illegal one for each
+// rule.
+func TestModelSemaphore(t *testing.T) {
+	const ttl = time.Second
+	done := doneEvent
+	check := func(proc int, id, ts int64) []Event { return ev(proc, 0, id, ts, opCheck, semName, "ok", 0, 0) }
+	for _, tc := range []struct {
+		name    string
+		events  []Event
+		logKeys map[string]bool
+		illegal string // the anomaly's text contains this; "" for legal
+	}{
+		// held ≤ limit
+		{"2 and 1 permits held together", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), check(0, 2, 10), check(0, 3, 30), sop(0, 4, 40, opSemRelease, "ok", 2, 0, 1),
+			sop(1, 1, 5, opSemTry, "ok", 1, 6, 2), check(1, 2, 20), sop(1, 3, 50, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"2 and 2 permits held together", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), check(0, 2, 10), check(0, 3, 30), sop(0, 4, 40, opSemRelease, "ok", 2, 0, 1),
+			sop(1, 1, 5, opSemAcquire, "ok", 2, 6, 2), check(1, 2, 20), sop(1, 3, 50, opSemRelease, "ok", 2, 0, 2),
+		), nil, "semacquire"},
+		{"a second acquisition while holding, within the limit", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 10, opSemAcquire, "ok", 1, 7, 1), check(0, 3, 20), sop(0, 4, 40, opSemRelease, "ok", 2, 0, 1),
+			sop(1, 1, 5, opSemAcquire, "ok", 1, 6, 2), check(1, 2, 30), sop(1, 3, 50, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"a second acquisition while holding, beyond the limit", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 10, opSemAcquire, "ok", 2, 7, 1), check(0, 3, 20), sop(0, 4, 40, opSemRelease, "ok", 3, 0, 1),
+			sop(1, 1, 5, opSemAcquire, "ok", 1, 6, 2), check(1, 2, 30), sop(1, 3, 50, opSemRelease, "ok", 1, 0, 2),
+		), nil, "semacquire"},
+		// releases only of permits held
+		{"a partial release, then the rest", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), sop(0, 2, 10, opSemRelease, "ok", 1, 0, 1), check(0, 3, 20), sop(0, 4, 30, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 12, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 40, opSemRelease, "ok", 2, 0, 2),
+		), nil, ""},
+		{"a release of more permits than held", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 10, opSemRelease, "ok", 2, 0, 1),
+		), nil, "semrelease"},
+		// a lost session holds nothing from the end of its lease
+		{"permits taken over after the holder's Done", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), check(0, 2, 10), done(0, 1, 50), ev(0, 0, 3, 60, opCheck, semName, "fail", 0, 0),
+			sop(1, 1, 20, opSemAcquire, "ok", 2, 6, 2), check(1, 2, 30), sop(1, 3, 70, opSemRelease, "ok", 2, 0, 2),
+		), nil, ""},
+		{"permits taken over while the holder's check says held", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), check(0, 2, 30), done(0, 1, 50),
+			sop(1, 1, 20, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 22, opSemRelease, "ok", 2, 0, 2),
+		), nil, "check"},
+		// a Release that failed may or may not have released
+		{"a failed Release's permits taken before the session ended", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), sop(0, 2, 10, opSemRelease, "fail", 2, 0, 1), done(0, 1, 50),
+			sop(1, 1, 20, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 30, opSemRelease, "ok", 2, 0, 2),
+		), nil, ""},
+		{"a failed Release's permits taken before its holder's last check", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), check(0, 2, 20), sop(0, 3, 30, opSemRelease, "fail", 2, 0, 1),
+			sop(1, 1, 10, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 15, opSemRelease, "ok", 2, 0, 2),
+		), nil, "check"},
+		// fences strictly increasing
+		{"holders together, each with its own fence", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2),
+			sop(0, 2, 10, opSemRelease, "ok", 1, 0, 1), sop(1, 2, 10, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"holders together with one fence", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(1, 1, 0, opSemAcquire, "ok", 1, 5, 2),
+			sop(0, 2, 10, opSemRelease, "ok", 1, 0, 1), sop(1, 2, 10, opSemRelease, "ok", 1, 0, 2),
+		), nil, "semacquire"},
+		{"a later grant with a smaller fence", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 10, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 20, opSemAcquire, "ok", 1, 4, 2), sop(1, 2, 30, opSemRelease, "ok", 1, 0, 2),
+		), nil, "semacquire"},
+		// the fenced register
+		{"a stale holder's write refused after a newer one landed", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), done(0, 1, 10), ev(0, 0, 2, 40, opWrite, semName, "refused", 5, 0),
+			sop(1, 1, 20, opSemAcquire, "ok", 2, 6, 2), ev(1, 0, 2, 30, opWrite, semName, "landed", 6, 0), sop(1, 3, 50, opSemRelease, "ok", 2, 0, 2),
+		), nil, ""},
+		{"a stale holder's write landed after a newer one", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 2, 5, 1), done(0, 1, 10), ev(0, 0, 2, 40, opWrite, semName, "landed", 5, 0),
+			sop(1, 1, 20, opSemAcquire, "ok", 2, 6, 2), ev(1, 0, 2, 30, opWrite, semName, "landed", 6, 0), sop(1, 3, 50, opSemRelease, "ok", 2, 0, 2),
+		), nil, "write"},
+		// the line: a ticket that took weighs, with those ahead, at most the limit
+		{"line: a grant behind tickets that fit", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 0, opSemAcquire, "ok", 2, 6, 2), look(1, 2, 5, 2, 8, "7:1:1 8:2:2 9:3:2"), sop(1, 3, 20, opSemRelease, "ok", 2, 0, 2),
+		), nil, ""},
+		{"line: a grant past a waiter that does not fit", history(
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:3:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, "Semaphore line"},
+		{"line: the session's tickets weigh what its client holds, after a partial release", history(
+			sop(1, 1, 0, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 5, opSemRelease, "ok", 1, 0, 2),
+			lookHeld(1, 3, 10, 2, 8, 1, "7:1:1 8:2:1"), sop(1, 4, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"line: the session's tickets weigh less than its client holds", history(
+			sop(1, 1, 0, opSemAcquire, "ok", 2, 6, 2), sop(1, 2, 5, opSemRelease, "ok", 1, 0, 2),
+			lookHeld(1, 3, 10, 2, 8, 1, "7:1:1 8:2:0"), sop(1, 4, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, "Semaphore line"},
+		{"line: a lost lease's ticket ahead, after a step back of the clock", history(
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}}, done(2, 3, 100),
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:3:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, ""},
+		{"line: a live lease's ticket ahead, after a step back of the clock", history(
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 2, Op: nemClock, Dur: -int64(time.Second)}}, done(2, 3, 100),
+			sop(0, 1, 0, opSemAcquire, "ok", 1, 5, 1), sop(0, 2, 20, opSemRelease, "ok", 1, 0, 1),
+			sop(1, 1, 0, opSemAcquire, "ok", 1, 6, 2), look(1, 2, 5, 2, 9, "7:1:1 8:4:2 9:2:1"), sop(1, 3, 20, opSemRelease, "ok", 1, 0, 2),
+		), nil, "Semaphore line"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkHistory(t, tc.events, ttl, tc.logKeys, tc.illegal)
 		})
 	}
 }

@@ -128,8 +128,11 @@ var electionModel = porcupine.Model{
 
 // modelFor returns the model of the lock name's partition.
 func modelFor(name string) porcupine.Model {
-	if name == electName {
+	switch name {
+	case electName:
 		return electionModel
+	case semName:
+		return semModel
 	}
 	return lockModel
 }

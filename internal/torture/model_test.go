@@ -41,6 +41,9 @@ type mop struct {
 	Value   string // acquire, proclaim, maybe, read: the leader's value
 	Phantom bool   // acquire: a Campaign that failed or had no reply, seen leading by a read
 	Idx     int    // proclaim, maybe: the Proclaim's place in its term (1: the first)
+
+	// Semaphores (see semStep).
+	N int64 // acquire, release: the permits taken or given back; check: the permits the client counts
 }
 
 // lockState is the model's state of one lock name: who holds it, the
@@ -67,13 +70,19 @@ func (s lockState) withReader(c int, add bool) string {
 	if add {
 		ids = append(ids, c)
 	}
+	return clientList(ids, strconv.Itoa)
+}
+
+// clientList encodes clients for a comparable model state: ",a,b," with
+// a < b, each client written by item; "" for none.
+func clientList(ids []int, item func(int) string) string {
 	if len(ids) == 0 {
 		return ""
 	}
 	slices.Sort(ids)
 	var b strings.Builder
 	for _, id := range ids {
-		b.WriteString("," + strconv.Itoa(id))
+		b.WriteString("," + item(id))
 	}
 	return b.String() + ","
 }
@@ -174,6 +183,10 @@ type hold struct {
 	term  int64                 // its term (0: not known)
 	idx   int                   // Proclaims sent in it so far
 	maybe []porcupine.Operation // its failed Proclaims, not added yet: they may land until the next Proclaim that returns nil
+
+	// A Semaphore's permits that the client holds.
+	sem     bool
+	permits int64
 }
 
 // builder turns a history into model operations per lock name.
@@ -196,6 +209,15 @@ type builder struct {
 	values        map[string]valueSent
 	observed      map[observerKey][]delivery
 	observerOrder []observerKey
+
+	// Semaphores: the looks at the line, those without the session's
+	// ticket and those after a backward step of the server's clock, the
+	// windows after such a step, and the leases lost at some time.
+	semLooks          []semLook
+	semLooksSkipped   int
+	semLooksAfterStep int
+	clockBack         [][2]int64
+	lostLeases        map[int64]bool
 
 	complete int // operations with a ret
 	unknown  int // operations without one (their process was killed)
@@ -274,6 +296,7 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 	}
 	b.dbEnds(events)
 	b.seenLeaders(events)
+	b.clockBacks(events)
 	// Session ends and kills first: releases refer to them.
 	perClient := map[clientKey][]Event{}
 	var order []clientKey
@@ -345,7 +368,7 @@ func (b *builder) walk(k clientKey, evs []Event) {
 			b.add(h.name, call, b.dbBound(pi, h.sess, call), c, mop{Kind: kRelease, Client: c, Fence: h.term, Group: h.group, Desc: d + " (in the database)"})
 			b.flushMaybe(h, never)
 		} else {
-			b.add(h.name, call, ret, c, mop{Kind: kRelease, Client: c, Shared: h.shared, Group: h.group, Desc: d})
+			b.add(h.name, call, ret, c, mop{Kind: kRelease, Client: c, Shared: h.shared, N: h.permits, Group: h.group, Desc: d})
 		}
 		delete(holds, h.name)
 	}
@@ -395,13 +418,15 @@ func (b *builder) walk(k clientKey, evs []Event) {
 			holds[call.Name] = &hold{name: call.Name, shared: shared, tx: call.Op == opLockTx, sess: e.Sess, confirm: call.TS, group: b.groups}
 		case opCampaign, opProclaim, opResign, opLeader, opObserved:
 			b.walkElection(k, c, pi, holds, call, e, d, endHold)
+		case opSemAcquire, opSemTry, opSemRelease, opSemLook:
+			b.walkSemaphore(c, pi, holds, call, e, d, endHold)
 		case opCheck:
 			h := holds[call.Name]
 			if h == nil {
 				continue
 			}
 			if e.Res == "ok" {
-				b.add(call.Name, call.TS, e.TS, c, mop{Kind: kCheck, Client: c, Shared: h.shared, Group: h.group, Desc: d})
+				b.add(call.Name, call.TS, e.TS, c, mop{Kind: kCheck, Client: c, Shared: h.shared, N: h.permits, Group: h.group, Desc: d})
 				h.confirm = call.TS
 			} else {
 				// Err() said the lease is gone: the hold ended before.
@@ -470,7 +495,7 @@ func (b *builder) walk(k clientKey, evs []Event) {
 		}
 	}
 	for _, p := range pending {
-		if p.Op == opTicket {
+		if p.Op == opTicket || p.Op == opSemLook {
 			continue
 		}
 		b.unknown++
@@ -502,11 +527,11 @@ func (b *builder) walk(k clientKey, evs []Event) {
 	}
 }
 
-// anomaly is a lock name whose history no order makes legal, or a broken
-// FairMutex order.
+// anomaly is a lock name whose history no order makes legal, a broken
+// FairMutex or Observe order, or a Semaphore's line over its limit.
 type anomaly struct {
 	name   string
-	check  string // "linearizability", "fifo" or "observe"
+	check  string // "linearizability", "fifo", "observe" or "line"
 	result porcupine.CheckResult
 	text   string // the smallest illegal sub-history, or the FIFO pair
 	info   porcupine.LinearizationInfo
@@ -515,8 +540,9 @@ type anomaly struct {
 	last   int64 // the call time of its latest: the history is illegal from then on
 }
 
-// check checks every partition and the FairMutex order, and returns the
-// anomalies and the partitions whose check timed out.
+// check checks every partition, the FairMutex and Observe orders and the
+// Semaphore's lines, and returns the anomalies and the partitions whose
+// check timed out.
 func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, timedOut []string) {
 	names := make([]string, 0, len(b.parts))
 	for n := range b.parts {
@@ -537,6 +563,7 @@ func (b *builder) check(timeout time.Duration, t0 int64) (anomalies []anomaly, t
 	}
 	anomalies = append(anomalies, b.checkFIFO()...)
 	anomalies = append(anomalies, b.checkObserve()...)
+	anomalies = append(anomalies, b.checkSemLines()...)
 	return anomalies, timedOut
 }
 

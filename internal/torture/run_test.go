@@ -243,7 +243,7 @@ func run(t *testing.T, cfg config) {
 		}
 		t.Logf("torture: the server runs under libfaketime (%s); its clock is %v off the machine's", h.clockPath, h.clockBase)
 	}
-	names := append([]string{rwName, electName}, mutexNames...)
+	names := append([]string{rwName, electName, semName}, mutexNames...)
 	for g := range cfg.goroutines {
 		names = append(names, fairName(g))
 	}
@@ -348,8 +348,8 @@ func run(t *testing.T, cfg config) {
 		total += n
 	}
 	sort.Strings(fs)
-	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen; faults: %d (%s); run %v, check %v",
-		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), total, strings.Join(fs, ", "),
+	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen, %d Semaphore lines checked (%d of them after a step back of the clock; %d without the session's ticket); faults: %d (%s); run %v, check %v",
+		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), len(b.semLooks)-b.semLooksSkipped, b.semLooksAfterStep, b.semLooksSkipped, total, strings.Join(fs, ", "),
 		elapsed.Round(time.Millisecond), checkTook.Round(time.Millisecond))
 	if h.clockPath != "" {
 		if off, _, err := h.serverOffset(ctx); err == nil {

@@ -54,6 +54,6 @@ type Summary struct {
 // Anomaly is one anomaly of a Summary.
 type Anomaly struct {
 	Name  string  `json:"name"`  // the lock name
-	Check string  `json:"check"` // "linearizability", "fifo" or "observe"
+	Check string  `json:"check"` // "linearizability", "fifo", "observe" or "line" (a Semaphore's)
 	At    float64 `json:"at_s"`  // when the history became illegal, seconds since the start
 }
