@@ -88,12 +88,12 @@ func readerOps(s *dsync.Session, name string) (func(context.Context) error, func
 
 // TestWaiterDoesNotPoll checks that waiters in other sessions block on the
 // holder's doorbell instead of polling: while one session holds the lock
-// for 3 s, 4 waiting sessions send fewer than one statement a second each
+// for 2 s, 4 waiting sessions send fewer than one statement a second each
 // (beyond what as many sessions send idle, measured once for all kinds),
 // and each gets the lock once it is released.
 func TestWaiterDoesNotPoll(t *testing.T) {
 	slowTest(t)
-	const waiters, hold = 4, 3 * time.Second
+	const waiters, hold = 4, 2 * time.Second
 	idle := idleStatements(t, waiters+1, hold)
 	for _, kind := range waitKinds {
 		t.Run(kind.name, func(t *testing.T) {

@@ -1712,3 +1712,61 @@ func TestGaleraElection(t *testing.T) {
 		last = l.Term
 	}
 }
+
+// TestGaleraSemaphore has two sessions on each of the three nodes acquire
+// 1 or 2 permits of one Semaphore of limit 3 for a few rounds each: never
+// more than 3 permits held at once (counted in the process while held),
+// and every grant has a fence of its own.
+func TestGaleraSemaphore(t *testing.T) {
+	const limit, rounds = 3, 4
+	g := newGaleraDB(t)
+	name := lockName(t)
+	ctx := context.Background()
+	var held, most atomic.Int64
+	var errs errorLog
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	fences := map[int64]bool{}
+	for i := range 2 * galeraNodes {
+		m := dsync.NewSemaphore(g.session(t, i%galeraNodes), name, limit)
+		goCounted(&wg, func() {
+			for r := range rounds {
+				n := int64(1 + (i+r)%2)
+				fence, err := m.AcquireFence(ctx, n)
+				if err != nil {
+					errs.add("session %d on node %d: Acquire(%d): %v", i, i%galeraNodes+1, n, err)
+					return
+				}
+				h := held.Add(n)
+				for {
+					if old := most.Load(); h <= old || most.CompareAndSwap(old, h) {
+						break
+					}
+				}
+				mu.Lock()
+				if fences[fence] {
+					errs.add("fence %d granted twice", fence)
+				}
+				fences[fence] = true
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+				held.Add(-n)
+				if err := m.Release(ctx, n); err != nil {
+					errs.add("session %d on node %d: Release(%d): %v", i, i%galeraNodes+1, n, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if errs.len() > 0 {
+		t.Fatal(errs.String())
+	}
+	t.Logf("%d grants, at most %d permits held at once", len(fences), most.Load())
+	if most.Load() > limit {
+		t.Fatalf("permits held at once: at most %d; want no more than the limit, %d", most.Load(), limit)
+	}
+	if len(fences) != 2*galeraNodes*rounds {
+		t.Fatalf("fences: %d distinct; want one per grant, %d", len(fences), 2*galeraNodes*rounds)
+	}
+}

@@ -293,6 +293,7 @@ func TestLockTxDeadlockIsReported(t *testing.T) {
 // its session's renewals while it stays open, at REPEATABLE READ too.
 func TestLockTxNeverBlocksUnlockOrRenewal(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	for _, iso := range isolations {
 		t.Run(iso.String(), func(t *testing.T) {
 			ctx := context.Background()

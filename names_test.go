@@ -521,6 +521,7 @@ func FuzzLockName(f *testing.F) {
 // once, and the caller's own queries on the pool still get through.
 func TestManySessionsSmallPool(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	const (
 		sessions = 50
 		ttl      = 2 * time.Second

@@ -75,6 +75,7 @@ type sweepLock interface {
 // and that a row freed last goes no sooner than the age after its Unlock.
 func TestSweepDeletesFreeRows(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	bg := context.Background()
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweep")
@@ -235,6 +236,7 @@ func TestSweepDeletesFreeRows(t *testing.T) {
 // fence above it.
 func TestSweepFencesAcrossDeletion(t *testing.T) {
 	slowTest(t)
+	t.Parallel() // counts no statements: beside the latency tests, after the statement-counting ones
 	db := dbtest.Open(t)
 	prefix := freshPrefix("sweepfence")
 	s := sessionOn(t, db, dsync.WithTablePrefix(prefix), dsync.WithSweep(300*time.Millisecond, 50*time.Millisecond))
