@@ -589,11 +589,11 @@ func TestElectionLeaderLostBeforeNextLeads(t *testing.T) {
 }
 
 // TestElectionIdleObserverDoesNotPoll observes a leader that changes
-// nothing for 2s: the observer sends fewer than one statement a second
+// nothing for 3s: the observer sends fewer than one statement a second
 // (beyond what two idle sessions send).
 func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 	slowTest(t)
-	const hold = 2 * time.Second
+	const hold = 3 * time.Second
 	idle := idleStatements(t, 2, hold)
 	bg := context.Background()
 	name := lockName(t)
@@ -630,14 +630,14 @@ func rateBeyond(t *testing.T, idle int64, hold time.Duration, what string) float
 
 // TestElectionCampaignersObserversDoNotPoll runs the usual deployment: three
 // sessions each Campaign and Observe one election, one leads, nothing
-// changes for 2s. The third session's campaigner blocks on the second's
+// changes for 3s. The third session's campaigner blocks on the second's
 // doorbell, so its observer has no connection to block on the leader's:
 // it reads at the idle pace, so all of them send fewer than 3 statements
 // a second beyond what three idle sessions send (polling at the lock
 // waiters' pace, they sent about 10).
 func TestElectionCampaignersObserversDoNotPoll(t *testing.T) {
 	slowTest(t)
-	const hold = 2 * time.Second
+	const hold = 3 * time.Second
 	idle := idleStatements(t, 3, hold)
 	bg := context.Background()
 	name := lockName(t)
