@@ -204,9 +204,12 @@ func (e *Election) heldArgs(g *Session, token int64) []any {
 // Proclaim changes the leader's value to value without giving up
 // leadership; observers see it with the same term. It returns
 // [ErrNotLeader] when this Election does not lead (wrapping the session's
-// error when the session has ended), [ErrInvalidName], [ErrValueTooLong],
-// ctx's error or a database error. A Proclaim that failed otherwise than
-// with ErrNotLeader may have changed the value or not; one that the
+// error when the session had ended before the value was sent), and then
+// it changed nothing; or [ErrInvalidName], [ErrValueTooLong], ctx's error,
+// a database error, or the session's error ([ErrSessionExpired],
+// [ErrSessionClosed]) when the session ended while the value was on its
+// way. A Proclaim that failed otherwise than with ErrNotLeader may have
+// changed the value or not (before the leadership ended); one that the
 // client gave up on never lands after a later one. Proclaims of one
 // Election run one at a time, in the order they got their turn; each
 // rings the leader session's doorbell, which wakes its observers, and
@@ -243,7 +246,8 @@ func (e *Election) Proclaim(ctx context.Context, value string) error {
 	}
 	switch {
 	case err != nil && g.leaseErr() != nil:
-		return opErrorf(fmt.Errorf("%w: %w", ErrNotLeader, g.leaseErr()), "proclaim %q", e.name)
+		// Not ErrNotLeader: the statement may have landed before the end.
+		return opErrorf(fmt.Errorf("%w, the value may have landed before: %w", g.leaseErr(), err), "proclaim %q", e.name)
 	case err != nil:
 		return opErrorf(err, "proclaim %q", e.name)
 	case n == 0:

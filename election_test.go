@@ -910,3 +910,67 @@ func TestElectionTryCampaign(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestElectionProclaimLandedIsNotNotLeader: a Proclaim whose statement
+// is under way on the server when the leader's lease is lost (here it
+// waits for the leader row, which another transaction holds, while the
+// network is cut until the lease ends) must not return ErrNotLeader, which
+// says that it changed nothing: the statement began while the lease was
+// live, and lands once the row is free, where observers read it. It
+// returns the session's error instead. (The checker found this: an
+// observer delivered the value of a Proclaim that had returned
+// ErrNotLeader, `make torture DURATION=4m SEED=25`.)
+func TestElectionProclaimLandedIsNotNotLeader(t *testing.T) {
+	const ttl = time.Second
+	bg := context.Background()
+	direct := dbtest.Open(t)
+	p, dsn := dbtest.FaultProxy(t)
+	s := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
+	name := lockName(t)
+	e := dsync.NewElection(s, name)
+	if err := e.Campaign(bg, "v1"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := direct.BeginTx(bg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var one int
+	if err := tx.QueryRowContext(bg, "SELECT 1 FROM dsync_leader WHERE name = ? AND holder = ? FOR UPDATE", name, s.ID()).Scan(&one); err != nil {
+		t.Fatal(err)
+	}
+	proclaimed := make(chan error, 1)
+	go func() { proclaimed <- e.Proclaim(bg, "v2") }()
+	for end := time.Now().Add(5 * time.Second); countRows(t, direct, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'UPDATE %dsync_leader%'") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the Proclaim's statement not on the server 5s after the call")
+		}
+	}
+	p.Cut(true)
+	select {
+	case err = <-proclaimed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Proclaim still running 10s after the cut")
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	// The fault happened: the lease is lost, and the value landed after
+	// Proclaim returned.
+	if !errors.Is(s.Err(), dsync.ErrSessionExpired) {
+		t.Fatalf("session's Err after the cut: got %v; want ErrSessionExpired", s.Err())
+	}
+	var value string
+	for end := time.Now().Add(5 * time.Second); value != "v2" && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if err := direct.QueryRowContext(bg, "SELECT value FROM dsync_leader WHERE name = ? AND holder = ?", name, s.ID()).Scan(&value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if value != "v2" {
+		t.Fatalf("the fault did not happen: value %q in the database 5s after the row was free; want v2, landed after Proclaim returned %v", value, err)
+	}
+	if errors.Is(err, dsync.ErrNotLeader) || !errors.Is(err, dsync.ErrSessionExpired) {
+		t.Fatalf("Proclaim whose value landed: got %v; want the session's ErrSessionExpired, not ErrNotLeader", err)
+	}
+}
