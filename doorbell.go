@@ -73,9 +73,10 @@ import (
 // one per session that waits (bellWaiters), or, with a connection limit,
 // one for all the sessions of the *sql.DB, all of them within
 // dedicatedCap. A waiter without a connection to block on, or whose
-// holder has no doorbell (bell 0), paces itself (connPace, nextPace). A waiter blocks no longer than the holder's lease has
-// left (see bellWaiter.wait), so a holder that stopped renewing (paused, cut off)
-// is overtaken as soon as its lease ends.
+// holder has no doorbell (bell 0), paces itself (connPace, nextPace). A
+// waiter blocks, and paces itself, no longer than the holder's lease has
+// left (see bellWaiter.wait, nextPace), so a holder that stopped renewing
+// (paused, cut off, dead) is overtaken as soon as its lease ends.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 1                    // most connections a session blocks on doorbells with
@@ -514,6 +515,8 @@ type bellState struct {
 	unarmed     int              // times the one waited for was found without a doorbell (see unarmedPolls)
 	busy        bool             // the next paced poll comes after connPace, once: no connection to block on (see bellWaiter.wait)
 	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
+	leaseEnd    time.Time        // when the lease of the one waited for ends, as last read (see judge); zero: unknown
+	endPaced    time.Time        // the last lease end a paced poll was brought forward to (see nextPace)
 }
 
 // waitOutcome is what a waiter's doorbell step (awaitBell,
@@ -540,7 +543,9 @@ const (
 // a row a transaction holds after its session ended has nobody to wait
 // for). It polls after paceFloor, doubling up to paceCap, until something
 // changes: at most 3 statements per paceCap once it has grown, and
-// a lock that falls free meanwhile is taken within paceCap.
+// a lock that falls free meanwhile is taken within paceCap, or, when the
+// one waited for dies, within bellLate of its lease's end (see
+// nextPace).
 const (
 	paceFloor = 100 * time.Millisecond
 	paceCap   = time.Second
@@ -554,18 +559,37 @@ const (
 // the last, up to paceCap. Only the polls at connPace, which go on for as
 // long as the lock stays held, need the budget: the others are a few, or
 // slow down by themselves.
+//
+// A paced poll never lands later than bellLate after the end of the lease
+// of the one waited for, as last read (see judge): a holder that died
+// freed its doorbell at once (its connection closed), so its waiters pace
+// themselves, and would otherwise take the lock up to paceCap after its
+// lease ended. That is one poll more per lease end at most, within the
+// budget: a poll is brought forward only to a lease end at least
+// paceFloor later than the last one it was brought forward to (a read
+// after that end finds the lease over, or renewed: a later end).
 func (st *bellState) nextPace(polls *pollBudget) time.Duration {
 	st.paced = true
-	if st.soon {
+	var d time.Duration
+	switch {
+	case st.soon:
 		st.soon = false
-		return claimPoll
-	}
-	if st.busy {
+		d = claimPoll
+	case st.busy:
 		st.busy = false
-		return polls.delay(connPace)
+		d = polls.delay(connPace)
+	default:
+		st.pace = min(max(2*st.pace, paceFloor), paceCap)
+		d = st.pace
 	}
-	st.pace = min(max(2*st.pace, paceFloor), paceCap)
-	return st.pace
+	if st.leaseEnd.Sub(st.endPaced) < paceFloor {
+		return d
+	}
+	if until := time.Until(st.leaseEnd) + bellLate; until > 0 && until < d {
+		st.endPaced = st.leaseEnd
+		d = polls.delay(until)
+	}
+	return d
 }
 
 // moved records a waiter's progress: a block on a doorbell ended (rung,
@@ -577,7 +601,9 @@ func (st *bellState) moved() {
 }
 
 // judge decides, from a waiter's read of whom it waits for (found false:
-// nobody; else the doorbell ref) and of the lock's fence (0 when unknown),
+// nobody; else the doorbell ref, and left, the microseconds that session's
+// lease has left, which bound its paced polls, see nextPace) and of the
+// lock's fence (0 when unknown),
 // whether it may block on a doorbell (block true), which one, or what its
 // loop does instead. It is the one place that keeps a wake-up from being
 // retried at once on unchanged grounds: a doorbell that woke the waiter
@@ -593,7 +619,11 @@ func (st *bellState) moved() {
 // paces itself, the first time after claimPoll. The pace starts again
 // from paceFloor only after a block, or when it finds nobody after
 // somebody.
-func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, block bool, out waitOutcome) {
+func (st *bellState) judge(found bool, ref bellRef, left, fence int64) (bell bellRef, block bool, out waitOutcome) {
+	st.leaseEnd = time.Time{}
+	if found && left > 0 {
+		st.leaseEnd = time.Now().Add(time.Duration(left) * time.Microsecond)
+	}
 	if !found {
 		if st.nobody && fence == st.nobodyFence {
 			// The first time, soon: a row locked for a moment by other

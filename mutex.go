@@ -538,7 +538,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		}
 		want = true
 	}
-	ref, block, out := st.judge(err == nil, b.ref, b.fence)
+	ref, block, out := st.judge(err == nil, b.ref, b.left, b.fence)
 	if !block {
 		return out
 	}

@@ -553,7 +553,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
 	}
-	ref, block, out := st.judge(err == nil, ref, 0)
+	ref, block, out := st.judge(err == nil, ref, left, 0)
 	switch {
 	case !block:
 		return out
