@@ -674,7 +674,9 @@ const pollFor = 100 * time.Millisecond
 // connection and no statements); a call that waits for another doorbell
 // while the connection blocks, or when no connection can be had (the
 // server refuses one, 1040; the *sql.DB's share for dsync is taken, see
-// dedicatedCap), polls at connPace and looks again. It holds no *Session.
+// dedicatedCap), polls at connPace and looks again; but an Election's
+// observers yield the connection to a lock waiter (see join), and read at
+// their idle pace instead. It holds no *Session.
 type bellWaiter struct {
 	pool   *connpool.Pool // opens its connection and prepares its statement
 	capped bool           // the *sql.DB limits its connections: opening one waits at most pollFor
@@ -698,6 +700,7 @@ type bellBlock struct {
 	rung   bool               // the doorbell was free (rung, or gone with its connection)
 	failed bool               // no connection, or the statement failed
 	calls  int                // guarded by bellWaiter.mu; calls waiting for it
+	locks  int                // guarded by bellWaiter.mu; those of lock waiters (the others observe an Election and yield the connection, see join)
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
 }
 
@@ -821,9 +824,11 @@ func (w *bellWaiter) stop() {
 // wait blocks until doorbell ref rings, for at most most (a whole number
 // of seconds) or what the ringing session's lease has left (left
 // microseconds), or until ctx ends or done (the waiting session's Done)
-// is closed; logger, name and kind are for its log. It shares the session's block on ref when there is one, and
+// is closed; yield says that the call observes an Election (see join);
+// logger, name and kind are for its log. It shares the session's block on ref when there is one, and
 // starts one on the session's connection (see bellWaiter) when it is
-// free; else it asks st for connPace and returns waitPace. A doorbell that is free at once (rung,
+// free, or blocks on another doorbell for observers alone and the call
+// does not yield; else it asks st for connPace and returns waitPace. A doorbell that is free at once (rung,
 // or gone with its connection) or rings is recorded in st (see judge);
 // the caller tries again at once after it or after a block that timed
 // out, and paces itself after an error.
@@ -837,7 +842,7 @@ func (w *bellWaiter) stop() {
 // renewing gets that close to its lease's end; so does every holder whose
 // TTL is under about 1.2s (it renews every TTL/3), whose waiters thus
 // retry about once a second and are not woken by its release.
-func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef, left int64, most time.Duration, st *bellState, logger *slog.Logger, name, kind string) waitOutcome {
+func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef, left int64, most time.Duration, yield bool, st *bellState, logger *slog.Logger, name, kind string) waitOutcome {
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
 		// Sleep it out, on no connection: MySQL's GET_LOCK takes whole
@@ -852,12 +857,12 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		}
 		return waitTry
 	}
-	b, joined := w.join(ctx, done, ref, limit, logger, name, kind)
+	b, joined := w.join(ctx, done, ref, limit, yield, logger, name, kind)
 	if b == nil {
 		st.busy = true
 		return waitPace // the connection blocks on another doorbell, or there is none
 	}
-	defer w.leave(b)
+	defer w.leave(b, yield)
 	var own <-chan time.Time
 	if joined {
 		// A block that another call started may last longer than this
@@ -892,18 +897,47 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 // (joined true when another call started it), or starts one, for limit,
 // on the session's connection; nil when the connection blocks on another
 // doorbell, or none can be had.
-func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
+//
+// A call that does not yield (a lock waiter's) takes the connection over
+// from a block on another doorbell that only yielding calls wait for (an
+// Election's observers; Observe says they read once a second meanwhile):
+// it ends that block, which closes its connection, and starts its own.
+// Else a Campaign behind a campaigner that does not lead, in a session
+// whose observer blocked on the leader's doorbell first, polled at
+// connPace for as long as that block lasted, up to bellWait, and found
+// the observer blocking again each time, as it starts its next block
+// within milliseconds.
+func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
 	w.mu.Lock()
-	if b := w.cur; b != nil {
-		if b.ref != ref {
+	for w.cur != nil {
+		b := w.cur
+		if b.ref == ref {
+			b.calls++
+			if !yield {
+				b.locks++
+			}
+			w.mu.Unlock()
+			return b, true
+		}
+		if yield || b.locks > 0 || b.cancel == nil {
 			w.mu.Unlock()
 			return nil, false
 		}
-		b.calls++
+		b.cancel()
 		w.mu.Unlock()
-		return b, true
+		select {
+		case <-b.done: // it has let the connection go (see block)
+		case <-ctx.Done():
+			return nil, false
+		case <-done:
+			return nil, false
+		}
+		w.mu.Lock()
 	}
 	b = &bellBlock{ref: ref, done: make(chan struct{}), calls: 1}
+	if !yield {
+		b.locks = 1
+	}
 	w.cur = b // calls that come meanwhile join it
 	w.mu.Unlock()
 	c := w.get(ctx, done)
@@ -925,11 +959,14 @@ func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef
 	return b, false
 }
 
-// leave counts a call out of block b, and ends the block when it was the
-// last call waiting for it.
-func (w *bellWaiter) leave(b *bellBlock) {
+// leave counts a call out of block b (yield: as join counted it), and
+// ends the block when it was the last call waiting for it.
+func (w *bellWaiter) leave(b *bellBlock, yield bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !yield {
+		b.locks--
+	}
 	if b.calls--; b.calls == 0 && b.cancel != nil {
 		b.cancel()
 	}

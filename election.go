@@ -360,9 +360,10 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // lease would end, within 8 seconds: an observer of a leader that changes
 // nothing sends a statement or two per wait. A session blocks on one
 // doorbell at a time: while its own Campaign waits behind a campaigner
-// that does not lead (it blocks on that one's doorbell), or no connection
-// can be had to block with, the observer reads once a second instead, and
-// sees a change within a second. While nobody holds or waits for the
+// that does not lead (it blocks on that one's doorbell; an observer
+// blocking on the leader's gives the connection up to it), or no
+// connection can be had to block with, the observer reads once a second
+// instead, and sees a change within a second. While nobody holds or waits for the
 // election it reads once a second too; on a Galera cluster, and where
 // doorbells are not used (see the package's Waiting section), it reads
 // four times a second.
@@ -436,7 +437,7 @@ func (e *Election) observe(ctx context.Context, g *Session, ch chan<- Leader) {
 				d = bells.nextPace(&polls)
 				break
 			}
-			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) != waitPace {
+			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, true, &bells, g.logger, e.name, kindElection) != waitPace {
 				break
 			}
 			if bells.busy {

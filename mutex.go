@@ -567,5 +567,5 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// after claimantBlock.
 		most = min(most, claimantBlock)
 	}
-	return s.waiters.wait(ctx, s.done, ref, b.left, most, st, s.logger, m.name, kindMutex)
+	return s.waiters.wait(ctx, s.done, ref, b.left, most, false, st, s.logger, m.name, kindMutex)
 }
