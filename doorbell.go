@@ -803,6 +803,14 @@ func (w *bellWaiter) closeUnused() {
 	}
 }
 
+// idleConn returns the connection kept idle for blocking on doorbells, taken
+// out until put back (see put), or nil when none is kept: a read that
+// comes between two blocks of an Election's observer runs on it (see
+// Election.read), rather than on a connection of the pool's, which closes
+// its connections a second after their last use, and so opened one (its
+// settings, a prepare) for each read.
+func (w *bellWaiter) idleConn() *connpool.Conn { return w.conns.Idle() }
+
 // closeIdle closes the idle connections (the session has ended; those in
 // use are closed when put back).
 func (w *bellWaiter) closeIdle() { w.conns.Close() }

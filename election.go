@@ -475,20 +475,34 @@ type leaderRead struct {
 	left   int64  // microseconds its lease has left
 }
 
-// read reads the election's holder and leader in one statement.
+// read reads the election's holder and leader in one statement, on the
+// session's connection for blocking on doorbells when it is idle (between
+// two blocks of an observer, see bellWaiter.idleConn), else as the
+// session's other statements run.
 func (e *Election) read(ctx context.Context, g *Session) (leaderRead, error) {
 	var r leaderRead
 	var term, ver sql.NullInt64
 	var value []byte
-	err := g.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
+	var none bool // no row: nobody holds or waits
+	run := func(ctx context.Context, c *connpool.Conn) error {
+		err := g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
 			&term, &ver, &value, &r.id, &r.bell, &r.left)
-	})
+		if errors.Is(err, sql.ErrNoRows) {
+			none, err = true, nil // an answer: the connection is kept
+		}
+		return err
+	}
+	var err error
+	if c := g.waiters.idleConn(); c != nil {
+		err = g.store.withDedicated(ctx, c, g.waiters.put, func(ctx context.Context) error { return run(ctx, c) })
+	} else {
+		err = g.store.withConn(ctx, false, run)
+	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return r, nil
 	case err != nil:
 		return r, err
+	case none:
+		return r, nil
 	}
 	r.found, r.leads, r.ver = true, term.Valid, ver.Int64
 	if r.leads {

@@ -613,6 +613,50 @@ func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 	}
 }
 
+// TestElectionIdleObserverKeepsItsConnection: an observer in a session
+// that only observes reads the leader on the connection it blocks with,
+// idle between its blocks, and so opens no connection per read: on the
+// pool's, closed a second after its last use, it opened one for each
+// read (a connection's settings and a prepare, beside the read), one
+// every 1.3-2s behind a leader with a lease of 2s, whose lease's end
+// bounds each block.
+func TestElectionIdleObserverKeepsItsConnection(t *testing.T) {
+	slowTest(t)
+	t.Cleanup(dsync.PurgeLater()) // a purge opens a connection of the pool's
+	const ttl, watch = 2 * time.Second, 3 * time.Second
+	bg := context.Background()
+	name := lockName(t)
+	admin := dbtest.Open(t)
+	admin.SetMaxOpenConns(1)
+	connections := func() int64 {
+		var v string
+		var n int64
+		if err := admin.QueryRow("SHOW GLOBAL STATUS LIKE 'Connections'").Scan(&v, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	leader := dsync.NewElection(sessionOn(t, dbtest.Open(t), dsync.WithTTL(ttl)), name)
+	if err := leader.Campaign(bg, "v"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	o := observed{dsync.NewElection(sessionOn(t, dbtest.Open(t), dsync.WithTTL(ttl)), name).Observe(ctx)}
+	o.next(t, "the leader", 5*time.Second)
+	time.Sleep(500 * time.Millisecond) // the observer blocks on the leader's doorbell
+	c0 := connections()
+	time.Sleep(watch)
+	opened := connections() - c0
+	t.Logf("connections opened in %v: %d", watch, opened)
+	if opened != 0 {
+		t.Errorf("connections opened in %v by an idle observer: got %d; want 0", watch, opened)
+	}
+	cancel()
+	for range o.ch {
+	}
+}
+
 // rateBeyond lets the observers settle on their doorbells for 500ms, then
 // counts the server's statements for hold and returns how many a second
 // they were beyond idle (what idleStatements counted for hold), logging
