@@ -628,14 +628,7 @@ func TestElectionIdleObserverKeepsItsConnection(t *testing.T) {
 	name := lockName(t)
 	admin := dbtest.Open(t)
 	admin.SetMaxOpenConns(1)
-	connections := func() int64 {
-		var v string
-		var n int64
-		if err := admin.QueryRow("SHOW GLOBAL STATUS LIKE 'Connections'").Scan(&v, &n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	connections := func() int64 { return globalStatus(t, admin, "Connections") }
 	leader := dsync.NewElection(sessionOn(t, dbtest.Open(t), dsync.WithTTL(ttl)), name)
 	if err := leader.Campaign(bg, "v"); err != nil {
 		t.Fatal(err)
