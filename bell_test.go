@@ -142,9 +142,15 @@ func TestWaiterDoesNotPoll(t *testing.T) {
 // idleStatements returns how many statements the server answers in d
 // while n new sessions (each on its own *sql.DB) only keep their leases,
 // the baseline of TestWaiterDoesNotPoll. The sessions are closed before it
-// returns.
+// returns. Called first, it puts off until the test ends the first purge
+// of every session the test starts (see dsync.PurgeLater), which falls at
+// a random moment of a session's first minute: one in either counted
+// window (two connection settings, a delete and a read, and a delete per
+// orphaned ticket, 5 or more statements) made the rates of these tests
+// swing by 2 statements a second and more.
 func idleStatements(t *testing.T, n int, d time.Duration) int64 {
 	t.Helper()
+	t.Cleanup(dsync.PurgeLater())
 	var sessions []*dsync.Session
 	for range n {
 		s, err := dsync.NewSession(context.Background(), dbtest.Open(t))
@@ -699,6 +705,89 @@ func TestStatementDeadlineKeepsDoorbell(t *testing.T) {
 				if after := doorbellConn(t, db, a); after != bell {
 					t.Fatalf("connection holding the doorbell: got %d after the Unlock, %d before; want the same", after, bell)
 				}
+			}
+		})
+	}
+}
+
+// TestDeadHolderTakenAtLeaseEnd: a holder whose connections all close at
+// once (its process died) frees its doorbell with them, and its waiter,
+// which has nothing left to block on, paces its polls; a paced poll lands
+// just after the dead lease's end, not up to a pace's cap (a second)
+// later. The connections close (the holder's fault proxy is closed) when
+// the holder's lease has 1.6s left, so that the waiter's paces (100ms,
+// doubling to 1s: polls 0.1, 0.3, 0.7, 1.5 and 2.5s after the close) put
+// the unbounded poll 0.9s after the lease's end. The waiter takes the lock
+// after the lease's end, by the server's clock (held_since against
+// expires_at; for a queued lock's ticket, the start of its hold as
+// ListLocks reads it), within 600ms of it, sending no more statements than a
+// polling waiter's budget (spinBudget) meanwhile.
+func TestDeadHolderTakenAtLeaseEnd(t *testing.T) {
+	slowTest(t)
+	const ttl = 2 * time.Second
+	const cutLeft = 1600 * time.Millisecond // the lease time left when the connections close
+	const lateBound = 600 * time.Millisecond
+	admin := dbtest.Open(t)
+	for _, kind := range []struct {
+		name string
+		ops  func(*dsync.Session, string) (lock, unlock func(context.Context) error)
+	}{{"Mutex", mutexOps}, {"FairMutex", fairOps}, {"Semaphore", semOps}} {
+		t.Run(kind.name, func(t *testing.T) {
+			ctx := context.Background()
+			name := lockName(t)
+			p, dsn := dbtest.FaultProxy(t)
+			h := faultSession(t, dbtest.OpenDSN(t, dsn), ttl)
+			hlock, _ := kind.ops(h, name)
+			if err := hlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			awaitBellOf(t, admin, h.ID())
+			w := sessionOn(t, dbtest.Open(t))
+			wlock, wunlock := kind.ops(w, name)
+			got := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				got <- wlock(ctx)
+			}()
+			left := func() time.Duration {
+				var us int64
+				if err := admin.QueryRow("SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM dsync_lease WHERE id = ?", h.ID()).Scan(&us); err != nil {
+					t.Fatal(err)
+				}
+				return time.Duration(us) * time.Microsecond
+			}
+			// Just after a renewal (every ttl/3), wait until the lease
+			// has cutLeft left: the next renewal is ttl/3 after the last.
+			time.Sleep(300 * time.Millisecond) // the waiter blocks on the holder's doorbell
+			for l := left(); l < ttl-50*time.Millisecond; l = left() {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(left() - cutLeft)
+			q0, from := serverQuestions(t, admin), time.Now()
+			p.Close() // the holder's connections close, and no new one opens
+			if err := <-got; err != nil {
+				t.Fatalf("the waiter's lock after the holder died: %v", err)
+			}
+			checkRate(t, admin, q0, from, 1)
+			var after int64
+			if err := admin.QueryRow(`SELECT TIMESTAMPDIFF(MICROSECOND, l.expires_at, h.held_since)
+FROM dsync_lease l, (SELECT held_since FROM dsync_lock WHERE holder = ?
+  UNION ALL SELECT IF(t.mode = 1, GREATEST(t.held_since, q.held_since), t.held_since)
+  FROM dsync_ticket t JOIN dsync_queue q ON q.name = t.name WHERE t.holder = ? AND t.seq < 1 << 62) h
+WHERE l.id = ?`, w.ID(), w.ID(), h.ID()).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			late := time.Duration(after) * time.Microsecond
+			t.Logf("taken %v after the dead holder's lease ended (%v after its connections closed)", late, time.Since(from).Round(time.Millisecond))
+			if late < 0 {
+				t.Fatalf("taken %v before the dead holder's lease ended; want after", -late)
+			}
+			if late > lateBound {
+				t.Errorf("taken %v after the dead holder's lease ended; want within %v (a paced poll lands just after the lease's end)", late, lateBound)
+			}
+			if err := wunlock(ctx); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

@@ -73,9 +73,10 @@ import (
 // one per session that waits (bellWaiters), or, with a connection limit,
 // one for all the sessions of the *sql.DB, all of them within
 // dedicatedCap. A waiter without a connection to block on, or whose
-// holder has no doorbell (bell 0), paces itself (connPace, nextPace). A waiter blocks no longer than the holder's lease has
-// left (see bellWaiter.wait), so a holder that stopped renewing (paused, cut off)
-// is overtaken as soon as its lease ends.
+// holder has no doorbell (bell 0), paces itself (connPace, nextPace). A
+// waiter blocks, and paces itself, no longer than the holder's lease has
+// left (see bellWaiter.wait, nextPace), so a holder that stopped renewing
+// (paused, cut off, dead) is overtaken as soon as its lease ends.
 const (
 	bellWait    = 8 * time.Second      // longest block on one doorbell, then the row is tried again
 	bellWaiters = 1                    // most connections a session blocks on doorbells with
@@ -514,6 +515,8 @@ type bellState struct {
 	unarmed     int              // times the one waited for was found without a doorbell (see unarmedPolls)
 	busy        bool             // the next paced poll comes after connPace, once: no connection to block on (see bellWaiter.wait)
 	woken       bool             // the doorbell waited on rang: the row may still be locked by the release that rang it
+	leaseEnd    time.Time        // when the lease of the one waited for ends, as last read (see judge); zero: unknown
+	endPaced    time.Time        // the last lease end a paced poll was brought forward to (see nextPace)
 }
 
 // waitOutcome is what a waiter's doorbell step (awaitBell,
@@ -540,7 +543,9 @@ const (
 // a row a transaction holds after its session ended has nobody to wait
 // for). It polls after paceFloor, doubling up to paceCap, until something
 // changes: at most 3 statements per paceCap once it has grown, and
-// a lock that falls free meanwhile is taken within paceCap.
+// a lock that falls free meanwhile is taken within paceCap, or, when the
+// one waited for dies, within bellLate of its lease's end (see
+// nextPace).
 const (
 	paceFloor = 100 * time.Millisecond
 	paceCap   = time.Second
@@ -554,18 +559,37 @@ const (
 // the last, up to paceCap. Only the polls at connPace, which go on for as
 // long as the lock stays held, need the budget: the others are a few, or
 // slow down by themselves.
+//
+// A paced poll never lands later than bellLate after the end of the lease
+// of the one waited for, as last read (see judge): a holder that died
+// freed its doorbell at once (its connection closed), so its waiters pace
+// themselves, and would otherwise take the lock up to paceCap after its
+// lease ended. That is one poll more per lease end at most, within the
+// budget: a poll is brought forward only to a lease end at least
+// paceFloor later than the last one it was brought forward to (a read
+// after that end finds the lease over, or renewed: a later end).
 func (st *bellState) nextPace(polls *pollBudget) time.Duration {
 	st.paced = true
-	if st.soon {
+	var d time.Duration
+	switch {
+	case st.soon:
 		st.soon = false
-		return claimPoll
-	}
-	if st.busy {
+		d = claimPoll
+	case st.busy:
 		st.busy = false
-		return polls.delay(connPace)
+		d = polls.delay(connPace)
+	default:
+		st.pace = min(max(2*st.pace, paceFloor), paceCap)
+		d = st.pace
 	}
-	st.pace = min(max(2*st.pace, paceFloor), paceCap)
-	return st.pace
+	if st.leaseEnd.Sub(st.endPaced) < paceFloor {
+		return d
+	}
+	if until := time.Until(st.leaseEnd) + bellLate; until > 0 && until < d {
+		st.endPaced = st.leaseEnd
+		d = polls.delay(until)
+	}
+	return d
 }
 
 // moved records a waiter's progress: a block on a doorbell ended (rung,
@@ -577,7 +601,9 @@ func (st *bellState) moved() {
 }
 
 // judge decides, from a waiter's read of whom it waits for (found false:
-// nobody; else the doorbell ref) and of the lock's fence (0 when unknown),
+// nobody; else the doorbell ref, and left, the microseconds that session's
+// lease has left, which bound its paced polls, see nextPace) and of the
+// lock's fence (0 when unknown),
 // whether it may block on a doorbell (block true), which one, or what its
 // loop does instead. It is the one place that keeps a wake-up from being
 // retried at once on unchanged grounds: a doorbell that woke the waiter
@@ -593,7 +619,11 @@ func (st *bellState) moved() {
 // paces itself, the first time after claimPoll. The pace starts again
 // from paceFloor only after a block, or when it finds nobody after
 // somebody.
-func (st *bellState) judge(found bool, ref bellRef, fence int64) (bell bellRef, block bool, out waitOutcome) {
+func (st *bellState) judge(found bool, ref bellRef, left, fence int64) (bell bellRef, block bool, out waitOutcome) {
+	st.leaseEnd = time.Time{}
+	if found && left > 0 {
+		st.leaseEnd = time.Now().Add(time.Duration(left) * time.Microsecond)
+	}
 	if !found {
 		if st.nobody && fence == st.nobodyFence {
 			// The first time, soon: a row locked for a moment by other
@@ -644,7 +674,9 @@ const pollFor = 100 * time.Millisecond
 // connection and no statements); a call that waits for another doorbell
 // while the connection blocks, or when no connection can be had (the
 // server refuses one, 1040; the *sql.DB's share for dsync is taken, see
-// dedicatedCap), polls at connPace and looks again. It holds no *Session.
+// dedicatedCap), polls at connPace and looks again; but an Election's
+// observers yield the connection to a lock waiter (see join), and read at
+// their idle pace instead. It holds no *Session.
 type bellWaiter struct {
 	pool   *connpool.Pool // opens its connection and prepares its statement
 	capped bool           // the *sql.DB limits its connections: opening one waits at most pollFor
@@ -668,6 +700,7 @@ type bellBlock struct {
 	rung   bool               // the doorbell was free (rung, or gone with its connection)
 	failed bool               // no connection, or the statement failed
 	calls  int                // guarded by bellWaiter.mu; calls waiting for it
+	locks  int                // guarded by bellWaiter.mu; those of lock waiters (the others observe an Election and yield the connection, see join)
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
 }
 
@@ -770,6 +803,14 @@ func (w *bellWaiter) closeUnused() {
 	}
 }
 
+// idleConn returns the connection kept idle for blocking on doorbells, taken
+// out until put back (see put), or nil when none is kept: a read that
+// comes between two blocks of an Election's observer runs on it (see
+// Election.read), rather than on a connection of the pool's, which closes
+// its connections a second after their last use, and so opened one (its
+// settings, a prepare) for each read.
+func (w *bellWaiter) idleConn() *connpool.Conn { return w.conns.Idle() }
+
 // closeIdle closes the idle connections (the session has ended; those in
 // use are closed when put back).
 func (w *bellWaiter) closeIdle() { w.conns.Close() }
@@ -791,9 +832,11 @@ func (w *bellWaiter) stop() {
 // wait blocks until doorbell ref rings, for at most most (a whole number
 // of seconds) or what the ringing session's lease has left (left
 // microseconds), or until ctx ends or done (the waiting session's Done)
-// is closed; logger, name and kind are for its log. It shares the session's block on ref when there is one, and
+// is closed; yield says that the call observes an Election (see join);
+// logger, name and kind are for its log. It shares the session's block on ref when there is one, and
 // starts one on the session's connection (see bellWaiter) when it is
-// free; else it asks st for connPace and returns waitPace. A doorbell that is free at once (rung,
+// free, or blocks on another doorbell for observers alone and the call
+// does not yield; else it asks st for connPace and returns waitPace. A doorbell that is free at once (rung,
 // or gone with its connection) or rings is recorded in st (see judge);
 // the caller tries again at once after it or after a block that timed
 // out, and paces itself after an error.
@@ -807,7 +850,7 @@ func (w *bellWaiter) stop() {
 // renewing gets that close to its lease's end; so does every holder whose
 // TTL is under about 1.2s (it renews every TTL/3), whose waiters thus
 // retry about once a second and are not woken by its release.
-func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef, left int64, most time.Duration, st *bellState, logger *slog.Logger, name, kind string) waitOutcome {
+func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef, left int64, most time.Duration, yield bool, st *bellState, logger *slog.Logger, name, kind string) waitOutcome {
 	limit := min(most, time.Duration(left)*time.Microsecond+bellLate)
 	if limit < time.Second {
 		// Sleep it out, on no connection: MySQL's GET_LOCK takes whole
@@ -822,12 +865,12 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 		}
 		return waitTry
 	}
-	b, joined := w.join(ctx, done, ref, limit, logger, name, kind)
+	b, joined := w.join(ctx, done, ref, limit, yield, logger, name, kind)
 	if b == nil {
 		st.busy = true
 		return waitPace // the connection blocks on another doorbell, or there is none
 	}
-	defer w.leave(b)
+	defer w.leave(b, yield)
 	var own <-chan time.Time
 	if joined {
 		// A block that another call started may last longer than this
@@ -862,18 +905,47 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 // (joined true when another call started it), or starts one, for limit,
 // on the session's connection; nil when the connection blocks on another
 // doorbell, or none can be had.
-func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
+//
+// A call that does not yield (a lock waiter's) takes the connection over
+// from a block on another doorbell that only yielding calls wait for (an
+// Election's observers; Observe says they read once a second meanwhile):
+// it ends that block, which closes its connection, and starts its own.
+// Else a Campaign behind a campaigner that does not lead, in a session
+// whose observer blocked on the leader's doorbell first, polled at
+// connPace for as long as that block lasted, up to bellWait, and found
+// the observer blocking again each time, as it starts its next block
+// within milliseconds.
+func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
 	w.mu.Lock()
-	if b := w.cur; b != nil {
-		if b.ref != ref {
+	for w.cur != nil {
+		b := w.cur
+		if b.ref == ref {
+			b.calls++
+			if !yield {
+				b.locks++
+			}
+			w.mu.Unlock()
+			return b, true
+		}
+		if yield || b.locks > 0 || b.cancel == nil {
 			w.mu.Unlock()
 			return nil, false
 		}
-		b.calls++
+		b.cancel()
 		w.mu.Unlock()
-		return b, true
+		select {
+		case <-b.done: // it has let the connection go (see block)
+		case <-ctx.Done():
+			return nil, false
+		case <-done:
+			return nil, false
+		}
+		w.mu.Lock()
 	}
 	b = &bellBlock{ref: ref, done: make(chan struct{}), calls: 1}
+	if !yield {
+		b.locks = 1
+	}
 	w.cur = b // calls that come meanwhile join it
 	w.mu.Unlock()
 	c := w.get(ctx, done)
@@ -895,11 +967,14 @@ func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef
 	return b, false
 }
 
-// leave counts a call out of block b, and ends the block when it was the
-// last call waiting for it.
-func (w *bellWaiter) leave(b *bellBlock) {
+// leave counts a call out of block b (yield: as join counted it), and
+// ends the block when it was the last call waiting for it.
+func (w *bellWaiter) leave(b *bellBlock, yield bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !yield {
+		b.locks--
+	}
 	if b.calls--; b.calls == 0 && b.cancel != nil {
 		b.cancel()
 	}

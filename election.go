@@ -364,9 +364,10 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // lease would end, within 8 seconds: an observer of a leader that changes
 // nothing sends a statement or two per wait. A session blocks on one
 // doorbell at a time: while its own Campaign waits behind a campaigner
-// that does not lead (it blocks on that one's doorbell), or no connection
-// can be had to block with, the observer reads once a second instead, and
-// sees a change within a second. While nobody holds or waits for the
+// that does not lead (it blocks on that one's doorbell; an observer
+// blocking on the leader's gives the connection up to it), or no
+// connection can be had to block with, the observer reads once a second
+// instead, and sees a change within a second. While nobody holds or waits for the
 // election it reads once a second too; on a Galera cluster, and where
 // doorbells are not used (see the package's Waiting section), it reads
 // four times a second.
@@ -435,12 +436,12 @@ func (e *Election) observe(ctx context.Context, g *Session, ch chan<- Leader) {
 		case r.bell == 0:
 			d = bells.nextPace(&polls) // the holder's doorbell is not there yet
 		default:
-			ref, block, _ := bells.judge(true, bellRef{r.id, r.bell}, 0)
+			ref, block, _ := bells.judge(true, bellRef{r.id, r.bell}, r.left, 0)
 			if !block {
 				d = bells.nextPace(&polls)
 				break
 			}
-			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, &bells, g.logger, e.name, kindElection) != waitPace {
+			if g.waiters.wait(ctx, g.done, ref, r.left, bellWait, true, &bells, g.logger, e.name, kindElection) != waitPace {
 				break
 			}
 			if bells.busy {
@@ -478,20 +479,34 @@ type leaderRead struct {
 	left   int64  // microseconds its lease has left
 }
 
-// read reads the election's holder and leader in one statement.
+// read reads the election's holder and leader in one statement, on the
+// session's connection for blocking on doorbells when it is idle (between
+// two blocks of an observer, see bellWaiter.idleConn), else as the
+// session's other statements run.
 func (e *Election) read(ctx context.Context, g *Session) (leaderRead, error) {
 	var r leaderRead
 	var term, ver sql.NullInt64
 	var value []byte
-	err := g.store.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
-		return g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
+	var none bool // no row: nobody holds or waits
+	run := func(ctx context.Context, c *connpool.Conn) error {
+		err := g.store.query(ctx, c, sLeaderRead, []any{e.name, e.q.name, e.q.name, e.q.name, e.name},
 			&term, &ver, &value, &r.id, &r.bell, &r.left)
-	})
+		if errors.Is(err, sql.ErrNoRows) {
+			none, err = true, nil // an answer: the connection is kept
+		}
+		return err
+	}
+	var err error
+	if c := g.waiters.idleConn(); c != nil {
+		err = g.store.withDedicated(ctx, c, g.waiters.put, func(ctx context.Context) error { return run(ctx, c) })
+	} else {
+		err = g.store.withConn(ctx, false, run)
+	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return r, nil
 	case err != nil:
 		return r, err
+	case none:
+		return r, nil
 	}
 	r.found, r.leads, r.ver = true, term.Valid, ver.Int64
 	if r.leads {

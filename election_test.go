@@ -613,6 +613,43 @@ func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 	}
 }
 
+// TestElectionIdleObserverKeepsItsConnection: an observer in a session
+// that only observes reads the leader on the connection it blocks with,
+// idle between its blocks, and so opens no connection per read: on the
+// pool's, closed a second after its last use, it opened one for each
+// read (a connection's settings and a prepare, beside the read), one
+// every 1.3-2s behind a leader with a lease of 2s, whose lease's end
+// bounds each block.
+func TestElectionIdleObserverKeepsItsConnection(t *testing.T) {
+	slowTest(t)
+	t.Cleanup(dsync.PurgeLater()) // a purge opens a connection of the pool's
+	const ttl, watch = 2 * time.Second, 3 * time.Second
+	bg := context.Background()
+	name := lockName(t)
+	admin := dbtest.Open(t)
+	admin.SetMaxOpenConns(1)
+	connections := func() int64 { return globalStatus(t, admin, "Connections") }
+	leader := dsync.NewElection(sessionOn(t, dbtest.Open(t), dsync.WithTTL(ttl)), name)
+	if err := leader.Campaign(bg, "v"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	o := observed{dsync.NewElection(sessionOn(t, dbtest.Open(t), dsync.WithTTL(ttl)), name).Observe(ctx)}
+	o.next(t, "the leader", 5*time.Second)
+	time.Sleep(500 * time.Millisecond) // the observer blocks on the leader's doorbell
+	c0 := connections()
+	time.Sleep(watch)
+	opened := connections() - c0
+	t.Logf("connections opened in %v: %d", watch, opened)
+	if opened != 0 {
+		t.Errorf("connections opened in %v by an idle observer: got %d; want 0", watch, opened)
+	}
+	cancel()
+	for range o.ch {
+	}
+}
+
 // rateBeyond lets the observers settle on their doorbells for 500ms, then
 // counts the server's statements for hold and returns how many a second
 // they were beyond idle (what idleStatements counted for hold), logging
@@ -634,45 +671,61 @@ func rateBeyond(t *testing.T, idle int64, hold time.Duration, what string) float
 // doorbell, so its observer has no connection to block on the leader's:
 // it reads at the idle pace, so all of them send fewer than 3 statements
 // a second beyond what three idle sessions send (polling at the lock
-// waiters' pace, they sent about 10).
+// waiters' pace, they sent about 10). Whichever of the third session's
+// calls comes first: when its observer blocks on the leader's doorbell
+// before its campaigner is in line, the campaigner takes the connection
+// over (an observer yields it to a lock waiter); else the campaigner
+// polled at the lock waiters' pace while the observer blocked, up to 8s
+// at a time.
 func TestElectionCampaignersObserversDoNotPoll(t *testing.T) {
 	slowTest(t)
 	const hold = 3 * time.Second
 	idle := idleStatements(t, 3, hold)
-	bg := context.Background()
-	name := lockName(t)
-	db := dbtest.Open(t)
-	ctx, cancel := context.WithCancel(bg)
-	defer cancel()
-	var obs []observed
-	var waiting []<-chan error
-	for i := range 3 {
-		e := dsync.NewElection(newSession(t), name)
-		done := campaignAsync(ctx, e, "v")
-		if i == 0 {
-			mustLead(t, "first", done)
-		} else {
-			waiting = append(waiting, done)
-			waitTickets(t, db, electionKey(name), i+1)
-		}
-		obs = append(obs, observed{e.Observe(ctx)})
-	}
-	for i, o := range obs {
-		o.next(t, fmt.Sprintf("the leader (observer %d)", i), 5*time.Second)
-	}
-	if rate := rateBeyond(t, idle, hold, "3 campaigners and observers"); rate >= 3 {
-		t.Errorf("got %.2f statements/s for 3 idle campaigners and observers; want fewer than 3", rate)
-	}
-	for i, w := range waiting {
-		stillWaiting(t, fmt.Sprintf("campaigner %d", i+2), w)
-	}
-	cancel()
-	for _, w := range waiting {
-		<-w
-	}
-	for _, o := range obs {
-		for range o.ch {
-		}
+	for _, order := range []string{"campaign first", "observe first"} {
+		t.Run(order, func(t *testing.T) {
+			bg := context.Background()
+			name := lockName(t)
+			db := dbtest.Open(t)
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			var obs []observed
+			var waiting []<-chan error
+			for i := range 3 {
+				e := dsync.NewElection(newSession(t), name)
+				if i > 0 && order == "observe first" {
+					o := observed{e.Observe(ctx)}
+					o.next(t, fmt.Sprintf("the leader (observer %d)", i), 5*time.Second)
+					obs = append(obs, o)
+					time.Sleep(100 * time.Millisecond) // it blocks on the leader's doorbell
+				}
+				done := campaignAsync(ctx, e, "v")
+				if i == 0 {
+					mustLead(t, "first", done)
+				} else {
+					waiting = append(waiting, done)
+					waitTickets(t, db, electionKey(name), i+1)
+				}
+				if i == 0 || order == "campaign first" {
+					o := observed{e.Observe(ctx)}
+					o.next(t, fmt.Sprintf("the leader (observer %d)", i), 5*time.Second)
+					obs = append(obs, o)
+				}
+			}
+			if rate := rateBeyond(t, idle, hold, "3 campaigners and observers"); rate >= 3 {
+				t.Errorf("got %.2f statements/s for 3 idle campaigners and observers; want fewer than 3", rate)
+			}
+			for i, w := range waiting {
+				stillWaiting(t, fmt.Sprintf("campaigner %d", i+2), w)
+			}
+			cancel()
+			for _, w := range waiting {
+				<-w
+			}
+			for _, o := range obs {
+				for range o.ch {
+				}
+			}
+		})
 	}
 }
 

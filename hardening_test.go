@@ -193,14 +193,7 @@ func TestConcurrentReadersNeverSeeDeadlocks(t *testing.T) {
 	bg := context.Background()
 	name := lockName(t)
 	admin := dbtest.Open(t)
-	deadlocks := func() int64 {
-		var name string
-		var n int64
-		if err := admin.QueryRow("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'").Scan(&name, &n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	deadlocks := func() int64 { return globalStatus(t, admin, "Innodb_deadlocks") }
 	var readers, writers, overlaps atomic.Int32
 	var wg sync.WaitGroup
 	call := func(what string, f func(context.Context) error) bool {

@@ -538,7 +538,7 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		}
 		want = true
 	}
-	ref, block, out := st.judge(err == nil, b.ref, b.fence)
+	ref, block, out := st.judge(err == nil, b.ref, b.left, b.fence)
 	if !block {
 		return out
 	}
@@ -567,5 +567,5 @@ func (mw *mutexWait) awaitBell(ctx context.Context, w *waitState) waitOutcome {
 		// after claimantBlock.
 		most = min(most, claimantBlock)
 	}
-	return s.waiters.wait(ctx, s.done, ref, b.left, most, st, s.logger, m.name, kindMutex)
+	return s.waiters.wait(ctx, s.done, ref, b.left, most, false, st, s.logger, m.name, kindMutex)
 }

@@ -553,7 +553,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
 	}
-	ref, block, out := st.judge(err == nil, ref, 0)
+	ref, block, out := st.judge(err == nil, ref, left, 0)
 	switch {
 	case !block:
 		return out
@@ -584,7 +584,7 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		// them may let it in, and only the one it blocks on rings for it.
 		most = semHeadWait
 	}
-	out = s.waiters.wait(ctx, s.done, ref, left, most, st, s.logger, name, kindQueue)
+	out = s.waiters.wait(ctx, s.done, ref, left, most, false, st, s.logger, name, kindQueue)
 	if out == waitTry {
 		// Rung (the release may not have committed yet), or timed out:
 		// the next check waits for that release (see checkTicket).

@@ -106,9 +106,17 @@ func (w *spinWaiters) takenWithin(t *testing.T, freed time.Time, what string) {
 // received.
 func serverQuestions(t *testing.T, db *sql.DB) int64 {
 	t.Helper()
+	return globalStatus(t, db, "Questions")
+}
+
+// globalStatus returns the server's counter called variable (SHOW GLOBAL
+// STATUS; SHOW takes no placeholder, and variable is a constant of the
+// tests), read through db.
+func globalStatus(t *testing.T, db *sql.DB, variable string) int64 {
+	t.Helper()
 	var name string
 	var n int64
-	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n); err != nil {
+	if err := db.QueryRow("SHOW GLOBAL STATUS LIKE '"+variable+"'").Scan(&name, &n); err != nil {
 		t.Fatal(err)
 	}
 	return n
