@@ -219,6 +219,16 @@ func TestModelElection(t *testing.T) {
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
 			eop(1, 1, 20, opLeader, "ok", 5, 0, "a", 1),
 		), ""},
+		{"a lost leader read again after a step back of the clock (its lease lives again there)", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
+			eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0),
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 30, Op: nemClock, Dur: -int64(time.Second)}},
+			eop(1, 2, 40, opLeader, "ok", 5, 0, "a", 1),
+		), ""},
+		{"a lost leader read again after ErrNoLeader, with no step of the clock", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
+			eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0), eop(1, 2, 40, opLeader, "ok", 5, 0, "a", 1),
+		), "leader"},
 		{"a killed leader read when the database has surely ended its lease", history(
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), kill(0, 10),
 			eop(1, 1, 10+int64(ttl+electSlack)+int64(time.Second), opLeader, "ok", 5, 0, "a", 1),

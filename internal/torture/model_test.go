@@ -209,6 +209,7 @@ type builder struct {
 	values        map[string]valueSent
 	observed      map[observerKey][]delivery
 	observerOrder []observerKey
+	revivedReads  int // leader reads left out: a lost lease's, after a backward step of the clock (see walkElection)
 
 	// Semaphores: the looks at the line, those without the session's
 	// ticket and those after a backward step of the server's clock, the

@@ -348,8 +348,8 @@ func run(t *testing.T, cfg config) {
 		total += n
 	}
 	sort.Strings(fs)
-	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen, %d Semaphore lines checked (%d of them after a step back of the clock; %d without the session's ticket); faults: %d (%s); run %v, check %v",
-		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), len(b.semLooks)-b.semLooksSkipped, b.semLooksAfterStep, b.semLooksSkipped, total, strings.Join(fs, ", "),
+	t.Logf("torture: seed %d: %d client operations (%d without a reply), %d model operations on %d names, %d FairMutex locks with tickets seen, %d Semaphore lines checked (%d of them after a step back of the clock; %d without the session's ticket), %d leader reads of a lost lease after a step back of the clock left out; faults: %d (%s); run %v, check %v",
+		cfg.seed, b.complete+b.unknown, b.unknown, ops, len(b.parts), len(b.fairOps), len(b.semLooks)-b.semLooksSkipped, b.semLooksAfterStep, b.semLooksSkipped, b.revivedReads, total, strings.Join(fs, ", "),
 		elapsed.Round(time.Millisecond), checkTook.Round(time.Millisecond))
 	if h.clockPath != "" {
 		if off, _, err := h.serverOffset(ctx); err == nil {
