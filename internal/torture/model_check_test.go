@@ -153,6 +153,12 @@ func eop(proc int, id, ts int64, op, res string, term, sess int64, value string,
 	return []Event{call, ret}
 }
 
+// retAt is op (a call and its ret) with the ret at ts.
+func retAt(op []Event, ts int64) []Event {
+	op[1].TS = ts
+	return op
+}
+
 // doneEvent is process proc's session sess seen lost (Done) at ts.
 func doneEvent(proc int, sess, ts int64) []Event {
 	return []Event{{Proc: proc, G: -1, Type: "event", TS: ts, Op: opDone, Sess: sess}}
@@ -224,6 +230,12 @@ func TestModelElection(t *testing.T) {
 			eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0),
 			[]Event{{Proc: -1, G: -1, Type: "event", TS: 30, Op: nemClock, Dur: -int64(time.Second)}},
 			eop(1, 2, 40, opLeader, "ok", 5, 0, "a", 1),
+		), ""},
+		{"a lost leader read again, the read under way as the clock steps back", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
+			eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0),
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 30, Op: nemClock, Dur: -int64(time.Second)}},
+			retAt(eop(1, 2, 25, opLeader, "ok", 5, 0, "a", 1), 31),
 		), ""},
 		{"a lost leader read again after ErrNoLeader, with no step of the clock", history(
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),

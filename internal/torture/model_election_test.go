@@ -317,9 +317,10 @@ func (b *builder) walkElection(k clientKey, c int, pi procInc, holds map[string]
 			// had ended there live again until it ends again: a leader
 			// whose lease was lost may be read as leading once more,
 			// which the model, whose leadership ends once, cannot take.
-			// Such reads of a lost lease after a step are left out
+			// Such reads of a lost lease that may have read after a
+			// step (their call to ret meets its window) are left out
 			// (docs/DESIGN.md "Elections": what a clock step does).
-			if b.lostLeases[ret.Leader] && slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return call.TS >= w[0] && call.TS <= w[1] }) {
+			if b.lostLeases[ret.Leader] && slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return ret.TS >= w[0] && call.TS <= w[1] }) {
 				b.revivedReads++
 				break
 			}
