@@ -237,6 +237,11 @@ func TestModelElection(t *testing.T) {
 			[]Event{{Proc: -1, G: -1, Type: "event", TS: 30, Op: nemClock, Dur: -int64(time.Second)}},
 			retAt(eop(1, 2, 25, opLeader, "ok", 5, 0, "a", 1), 31),
 		), ""},
+		{"a resigned leader read again after a step back of the clock (its lease never lost)", history(
+			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), eop(0, 2, 10, opResign, "ok", 0, 0, "", 0),
+			[]Event{{Proc: -1, G: -1, Type: "event", TS: 20, Op: nemClock, Dur: -int64(time.Second)}},
+			eop(1, 1, 30, opLeader, "ok", 5, 0, "a", 1), done(0, 1, 40),
+		), "leader"},
 		{"a lost leader read again after ErrNoLeader, with no step of the clock", history(
 			eop(0, 1, 0, opCampaign, "ok", 5, 1, "a", 0), done(0, 1, 10), eop(0, 2, 15, opResign, "lost", 0, 0, "", 0),
 			eop(1, 1, 20, opLeader, "noleader", 0, 0, "", 0), eop(1, 2, 40, opLeader, "ok", 5, 0, "a", 1),

@@ -204,6 +204,42 @@ func (b *builder) dbEnds(events []Event) {
 	}
 }
 
+// lostAts returns when each session's lease was first seen lost, by its
+// session (Done, or a Close that found it lost) or by the kill of its
+// process incarnation.
+func lostAts(events []Event) map[int64]int64 {
+	at := map[int64]int64{}
+	lost := func(sess, t int64) {
+		if old, ok := at[sess]; !ok || t < old {
+			at[sess] = t
+		}
+	}
+	killedAt := map[procInc]int64{}
+	byProc := map[procInc][]int64{}
+	for _, e := range events {
+		switch {
+		case e.Proc == -1 && e.Op == nemKill:
+			if _, ok := killedAt[procInc{e.G, e.Inc}]; !ok {
+				killedAt[procInc{e.G, e.Inc}] = e.TS
+			}
+		case e.Proc == -1 || e.Sess == 0:
+		case e.Op == opDone, e.Op == opClose && e.Lost:
+			lost(e.Sess, e.TS)
+		default:
+			pi := procInc{e.Proc, e.Inc}
+			byProc[pi] = append(byProc[pi], e.Sess)
+		}
+	}
+	for pi, ids := range byProc {
+		if t, ok := killedAt[pi]; ok {
+			for _, id := range ids {
+				lost(id, t)
+			}
+		}
+	}
+	return at
+}
+
 // seenLeaders collects the leaders the reads and observers saw, by value.
 func (b *builder) seenLeaders(events []Event) {
 	for _, e := range events {
@@ -320,7 +356,10 @@ func (b *builder) walkElection(k clientKey, c int, pi procInc, holds map[string]
 			// Such reads of a lost lease that may have read after a
 			// step (their call to ret meets its window) are left out
 			// (docs/DESIGN.md "Elections": what a clock step does).
-			if b.lostLeases[ret.Leader] && slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return ret.TS >= w[0] && call.TS <= w[1] }) {
+			// (Lost before the read returned: a lease ends on the
+			// server after its session sees Done, or is killed.)
+			if at, lost := b.lostAt[ret.Leader]; lost && at <= ret.TS &&
+				slices.ContainsFunc(b.clockBack, func(w [2]int64) bool { return ret.TS >= w[0] && call.TS <= w[1] }) {
 				b.revivedReads++
 				break
 			}

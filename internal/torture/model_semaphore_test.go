@@ -163,32 +163,13 @@ type semLook struct {
 const semClockSlack = 7 * time.Second
 
 // semLostLeases returns the leases that the history shows lost at some
-// time, before or after a look: their session saw Done, or closed
-// them lost, or their process incarnation was killed. A lease that lives
-// again after a step back of the server's clock had ended there, so its
-// session saw Done before (or was killed): it is one of these.
+// time, before or after a look (see lostAts). A lease that lives again
+// after a step back of the server's clock had ended there, so its session
+// saw Done before (or was killed): it is one of these.
 func semLostLeases(events []Event) map[int64]bool {
 	lost := map[int64]bool{}
-	killed := map[procInc]bool{}
-	byProc := map[procInc][]int64{}
-	for _, e := range events {
-		switch {
-		case e.Proc == -1 && e.Op == nemKill:
-			killed[procInc{e.G, e.Inc}] = true
-		case e.Proc == -1 || e.Sess == 0:
-		case e.Op == opDone, e.Op == opClose && e.Lost:
-			lost[e.Sess] = true
-		default:
-			pi := procInc{e.Proc, e.Inc}
-			byProc[pi] = append(byProc[pi], e.Sess)
-		}
-	}
-	for pi, ids := range byProc {
-		if killed[pi] {
-			for _, id := range ids {
-				lost[id] = true
-			}
-		}
+	for id := range lostAts(events) {
+		lost[id] = true
 	}
 	return lost
 }

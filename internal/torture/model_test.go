@@ -209,7 +209,8 @@ type builder struct {
 	values        map[string]valueSent
 	observed      map[observerKey][]delivery
 	observerOrder []observerKey
-	revivedReads  int // leader reads left out: a lost lease's, after a backward step of the clock (see walkElection)
+	revivedReads  int             // leader reads left out: a lost lease's, after a backward step of the clock (see walkElection)
+	lostAt        map[int64]int64 // session -> when its lease was first seen lost (Done, a lost Close, its process killed)
 
 	// Semaphores: the looks at the line, those without the session's
 	// ticket and those after a backward step of the server's clock, the
@@ -298,6 +299,7 @@ func build(events []Event, ttl time.Duration, logKeys map[string]bool) *builder 
 	b.dbEnds(events)
 	b.seenLeaders(events)
 	b.clockBacks(events)
+	b.lostAt = lostAts(events)
 	// Session ends and kills first: releases refer to them.
 	perClient := map[clientKey][]Event{}
 	var order []clientKey
