@@ -2,6 +2,7 @@ package dsync_test
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +20,9 @@ import (
 // the fewest of a few tries counts. It is the cost that bounds a
 // contended line's throughput on a small server (issue 19 §3).
 func TestFairContendedStatements(t *testing.T) {
+	if os.Getenv("DSYNC_TICKET_BELLS_OFF") != "" {
+		t.Cleanup(dsync.SetTicketBellsOff()) // the figure without them, for comparison
+	}
 	ctx := context.Background()
 	name := lockName(t)
 	const sessions, each = 4, 40

@@ -696,9 +696,12 @@ type bellWaiter struct {
 // it.
 type bellBlock struct {
 	ref    bellRef
-	done   chan struct{}      // closed when the block has ended; rung and failed are set before
-	rung   bool               // the doorbell was free (rung, or gone with its connection)
-	failed bool               // no connection, or the statement failed
+	done   chan struct{} // closed when the block has ended; rung and failed are set before
+	rung   bool          // the doorbell was free (rung, or gone with its connection)
+	failed bool          // no connection, or the statement failed
+	// run, when set, is the block's statement instead of qBellWait's on
+	// ref (a ticket's own doorbell, see waitTicket); it sets res.
+	run    func(ctx context.Context, c *connpool.Conn) (rung bool, err error)
 	calls  int                // guarded by bellWaiter.mu; calls waiting for it
 	locks  int                // guarded by bellWaiter.mu; those of lock waiters (the others observe an Election and yield the connection, see join)
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
@@ -916,6 +919,12 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 // the observer blocking again each time, as it starts its next block
 // within milliseconds.
 func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
+	return w.joinRun(ctx, done, ref, nil, limit, yield, logger, name, kind)
+}
+
+// joinRun is join for a block that runs run instead of qBellWait (nil:
+// qBellWait on ref).
+func (w *bellWaiter) joinRun(ctx context.Context, done <-chan struct{}, ref bellRef, run func(context.Context, *connpool.Conn) (bool, error), limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
 	w.mu.Lock()
 	for w.cur != nil {
 		b := w.cur
@@ -942,7 +951,7 @@ func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef
 		}
 		w.mu.Lock()
 	}
-	b = &bellBlock{ref: ref, done: make(chan struct{}), calls: 1}
+	b = &bellBlock{ref: ref, run: run, done: make(chan struct{}), calls: 1}
 	if !yield {
 		b.locks = 1
 	}
@@ -983,11 +992,20 @@ func (w *bellWaiter) leave(b *bellBlock, yield bool) {
 // block runs block b on c for at most limit, and records its outcome.
 func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, limit time.Duration, logger *slog.Logger, name, kind string) {
 	defer w.blocks.Done()
-	bell := bellName(b.ref.id, b.ref.gen)
 	var got sql.NullInt64
-	st, err := c.Stmt(ctx, w.pool, int(sBellWait))
-	if err == nil {
-		err = st.QueryRowContext(ctx, bell, limit.Seconds(), bell).Scan(&got)
+	var err error
+	if b.run != nil {
+		var rung bool
+		if rung, err = b.run(ctx, c); rung {
+			got.Int64 = 1
+		}
+	} else {
+		bell := bellName(b.ref.id, b.ref.gen)
+		var st *sql.Stmt
+		st, err = c.Stmt(ctx, w.pool, int(sBellWait))
+		if err == nil {
+			err = st.QueryRowContext(ctx, bell, limit.Seconds(), bell).Scan(&got)
+		}
 	}
 	w.put(c, err == nil && ctx.Err() == nil)
 	if err != nil && ctx.Err() == nil {
@@ -1002,4 +1020,25 @@ func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, 
 	b.cancel()
 	w.mu.Unlock()
 	close(b.done)
+}
+
+// releaseTicketBell lets the own doorbell of ticket seq of name go on the
+// doorbell's connection (qTicketBellRelease), waiting for the connection,
+// after the ticket's release ran on another one (ptd19 prototype). A
+// connection that no longer holds it (dropped since) does nothing.
+func (b *doorbell) releaseTicketBell(ctx context.Context, name string, seq int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.c == nil || ctx.Err() != nil || b.stopped.Err() != nil {
+		return
+	}
+	sctx, cancel := detach(ctx, b.stopped, lentFor)
+	defer cancel()
+	st, err := b.c.Stmt(sctx, b.store.pool, int(sTicketBellRelease))
+	if err == nil {
+		_, err = st.ExecContext(sctx, name, seq)
+	}
+	if err != nil && !connpool.Reusable(err) {
+		b.lose()
+	}
 }

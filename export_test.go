@@ -172,3 +172,10 @@ func PurgeLater() (restore func()) {
 	purgeFirstHook.Store(int64(time.Hour))
 	return func() { purgeFirstHook.Store(0) }
 }
+
+// SetTicketBellsOff turns the tickets' own doorbells off (ptd19
+// prototype) until the returned func runs.
+func SetTicketBellsOff() func() {
+	ticketBellsOff.Store(true)
+	return func() { ticketBellsOff.Store(false) }
+}

@@ -779,6 +779,55 @@ WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
 	// name. LastInsertId: as qTicketInsert's.
 	qTicketInsertAlone = ticketInsertSQL + ticketNumberedSQL
 
+	// qTicketInsertBell is qTicketInsertAlone with the ticket's own
+	// doorbell (see ticketBellSQL, ptd19 prototype): in the same statement,
+	// after the number is set (LAST_INSERT_ID() reads the value that
+	// LAST_INSERT_ID(expr) set in the seq column, evaluated before the
+	// holder's), the connection takes GET_LOCK of the new ticket's bell,
+	// not waiting; so the bell is held before the ticket commits and any
+	// waiter can see it. Sent only on the doorbell's connection, whose
+	// release (qTicketReleaseRing) lets it go. A bell it could not take
+	// (another connection holds the name: a hash collision) leaves the
+	// ticket without one; waiters behind it then wake at once and wait as
+	// before (qTicketAhead). Args and LastInsertId as qTicketInsertAlone's.
+	qTicketInsertBell = ticketInsertSQL + `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
+       + IF(` + ticketConflictQ + `, 1, 0)) DIV 2,
+       ? + 0 * COALESCE(GET_LOCK(` + ticketBellPre + "q.name" + ticketBellMid + "LAST_INSERT_ID() DIV 2" + ticketBellEnd + `, 0), 0), ?, ?, UTC_TIMESTAMP(6)
+FROM {queue} q WHERE q.name = ? FOR UPDATE`
+
+	// qTicketBellWait finds the nearest live ticket ahead of a waiting one
+	// that it conflicts with and blocks on that ticket's own doorbell (see
+	// qTicketInsertBell) in the same statement, for at most the given
+	// seconds or that ticket's lease's end (plus bellLate), whichever is
+	// sooner; a plain read, so it holds no row lock while it blocks. It does
+	// not block on the ticket skip (one it woke from already: the waiter
+	// waits for it as before, qTicketAhead). Args: skip, seconds, name,
+	// ticket, mode. Results: the ticket blocked on (NULL: no conflicting
+	// ticket ahead), its lease's microseconds left, and 1 when its bell
+	// was free or let go (rung), 0 when the wait timed out, NULL when not
+	// blocked (skip).
+	qTicketBellWait = `SELECT x.seq, x.lft,
+  IF(x.seq = ?, NULL, IF(GET_LOCK(x.bn, LEAST(?, x.lft / 1000000 + 0.005)) = 1, RELEASE_LOCK(x.bn), 0))
+FROM (SELECT t.seq, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) AS lft,
+    ` + ticketBellPre + "t.name" + ticketBellMid + "t.seq" + ticketBellEnd + ` AS bn
+  FROM {ticket} t JOIN {lease} l ON l.id = t.holder
+  WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
+  ORDER BY t.seq DESC LIMIT 1) x`
+
+	// qTicketBellRelease lets the ticket's own doorbell go, on the
+	// doorbell's connection, after a release that ran elsewhere. Args:
+	// name, ticket.
+	qTicketBellRelease = `DO RELEASE_LOCK(` + ticketBellPre + "?" + ticketBellMid + "?" + ticketBellEnd + `)`
+
+	// ticketBellPre, ticketBellMid and ticketBellEnd make the GET_LOCK
+	// name of a ticket's own doorbell around the lock's name and the
+	// ticket's number: 'dsynct:', the MD5 of the schema, ticket table and
+	// lock name, ':' and the number in hex (at most 7+32+1+16 = 56
+	// characters; the limit is 64).
+	ticketBellPre = `CONCAT('dsynct:', MD5(CONCAT(IFNULL(DATABASE(), ''), ':{ticket}:', `
+	ticketBellMid = `)), ':', HEX(`
+	ticketBellEnd = `))`
+
 	// ticketInsertSQL and ticketNumberedSQL are qTicketInsert's insert and
 	// its SELECT of the new ticket, numbered under the per-name row's
 	// lock. Args of the SELECT: mode, lease id, token, mode, name.
@@ -974,7 +1023,8 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// not rung for: a ring reported as none would leave the doorbell's
 	// generations astray. Rows as qTicketRelease's, read in key order: the
 	// ticket before its marker.
-	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?)
+	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?
+      AND COALESCE(RELEASE_LOCK(` + ticketBellPre + "name" + ticketBellMid + "seq" + ticketBellEnd + `), 0) >= 0)
   OR (seq = ? AND holder = 0 AND token IN (1, ?)
       AND IF(IS_USED_LOCK(?) <=> CONNECTION_ID() OR GET_LOCK(?, 0) = 1, COALESCE(RELEASE_LOCK(?), 0) >= 0, seq + ~0 > 0)))`
 
@@ -1717,6 +1767,9 @@ const (
 	sLockUnclaim
 	sTicketInsert
 	sTicketInsertAlone
+	sTicketInsertBell
+	sTicketBellWait
+	sTicketBellRelease
 	sTicketNumber
 	sTicketAdd
 	sTicketTake
@@ -1826,6 +1879,9 @@ func newQueries(prefix string) *queries {
 	q.prepared[sLockUnclaim] = r.Replace(qLockUnclaim)
 	q.prepared[sTicketInsert] = r.Replace(qTicketInsert)
 	q.prepared[sTicketInsertAlone] = r.Replace(qTicketInsertAlone)
+	q.prepared[sTicketInsertBell] = r.Replace(qTicketInsertBell)
+	q.prepared[sTicketBellWait] = r.Replace(qTicketBellWait)
+	q.prepared[sTicketBellRelease] = r.Replace(qTicketBellRelease)
 	q.prepared[sTicketNumber] = r.Replace(qTicketNumber)
 	q.prepared[sTicketAdd] = r.Replace(qTicketAdd)
 	q.prepared[sTicketTake] = r.Replace(qTicketTake)

@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // The queued locks (FairMutex, RWMutex) share this machinery: a database
@@ -79,12 +81,13 @@ type readHold struct {
 type waiter struct {
 	ticket, token int64 // ticket is headSlot for a hold in the head slot
 	want
-	ahead  bool          // the enqueue saw a conflicting hold or ticket ahead
-	waited bool          // its turn came after a wait (a failed check)
-	woken  bool          // a doorbell woke it since its last check (see checkTicket)
-	behind int64         // when woken: the ticket it waited behind, 0 the head slot's holder
-	front  chan struct{} // closed when the waiter is first in the local line
-	kick   chan struct{} // a value means: poll now, the line may have moved
+	ahead    bool          // the enqueue saw a conflicting hold or ticket ahead
+	waited   bool          // its turn came after a wait (a failed check)
+	woken    bool          // a doorbell woke it since its last check (see checkTicket)
+	behind   int64         // when woken: the ticket it waited behind, 0 the head slot's holder
+	bellSkip int64         // the last ticket whose own doorbell woke it: waited for as before from then on (see awaitOwnBell)
+	front    chan struct{} // closed when the waiter is first in the local line
+	kick     chan struct{} // a value means: poll now, the line may have moved
 }
 
 // enqueue gives the calling goroutine a ticket in mode and a place at the
@@ -548,6 +551,11 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		return waitPoll
 	}
 	s.bell.arm() // waiters behind this one wait on its doorbell (tickets queue behind it)
+	if w.mode != modeWeighted && !ticketBellsOff.Load() && !s.tickets.st.galera {
+		if out, ok := s.awaitOwnBell(ctx, name, w, st); ok {
+			return out
+		}
+	}
 	seq, ref, left, marked, several, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
@@ -591,4 +599,54 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		w.woken, w.behind = true, seq
 	}
 	return out
+}
+
+// awaitOwnBell waits for the nearest conflicting live ticket ahead of w
+// by blocking on that ticket's own doorbell (qTicketBellWait, one
+// statement that reads whom to wait for and blocks; ptd19 prototype), and
+// reports ok false when the caller must wait as before (qTicketAhead and
+// the session's doorbell): no conflicting ticket ahead (the head slot may
+// be held), the ticket ahead is one whose own doorbell woke w already and
+// is still there (it has none, or its session died: its connection let
+// the bell go; the old path paces to its lease's end), or no connection to
+// block on. A bell let go (its ticket's release, before that commits) or
+// timed out has the next check wait for the release to commit
+// (w.woken, see checkTicket).
+func (s *Session) awaitOwnBell(ctx context.Context, name string, w *waiter, st *bellState) (waitOutcome, bool) {
+	var seq, left, got sql.NullInt64
+	run := func(ctx context.Context, c *connpool.Conn) (bool, error) {
+		stmt, err := c.Stmt(ctx, s.tickets.st.pool, int(sTicketBellWait))
+		if err != nil {
+			return false, err
+		}
+		err = stmt.QueryRowContext(ctx, w.bellSkip, bellWait.Seconds(), name, w.ticket, w.mode).Scan(&seq, &left, &got)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
+		}
+		return got.Valid && got.Int64 == 1, err
+	}
+	// A ref of its own, which no other call shares: the block is this
+	// acquisition's.
+	ref := bellRef{id: -w.token, gen: w.ticket}
+	b, _ := s.waiters.joinRun(ctx, s.done, ref, run, bellWait+time.Second, false, s.logger, name, kindQueue)
+	if b == nil {
+		return 0, false
+	}
+	defer s.waiters.leave(b, false)
+	select {
+	case <-b.done:
+	case <-ctx.Done():
+		return waitTry, true // the caller returns ctx's error
+	case <-s.done:
+		return waitTry, true
+	}
+	if b.failed || !seq.Valid || !got.Valid {
+		return 0, false
+	}
+	st.moved()
+	w.woken, w.behind = true, seq.Int64
+	if got.Int64 == 1 {
+		w.bellSkip = seq.Int64
+	}
+	return waitTry, true
 }

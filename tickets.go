@@ -24,6 +24,9 @@ type tickets struct {
 	st   *store
 	id   int64     // the session's lease id
 	bell *doorbell // the session's doorbell, which a release rings
+	// lend runs a statement on the doorbell's connection when it is free
+	// (doorbell.lend): the enqueue that takes the ticket's own doorbell.
+	lend func(context.Context, func(context.Context, *connpool.Conn) error) (bool, error)
 	// createRow creates the name's queue row when a statement finds it
 	// missing (the session's createQueueRow, which may wait: a wait of
 	// the lock call c, see Stats): a semaphore's of limit limit, or a
@@ -237,6 +240,9 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			case wt.mode == modeWeighted:
 				res, err = t.st.exec(ctx, sSemInsert, name, wt.weight, t.id, token, wt.weight, name, wt.limit,
 					name, name, wt.limit, name, name, wt.limit, name, wt.weight, wt.limit)
+			case !ticketBellsOff.Load() && t.lend != nil && t.insertBelled(ctx, &res, &err, name, token, wt):
+				// On the doorbell's connection, with the ticket's own
+				// doorbell (ptd19 prototype): no marker needed.
 			case mark:
 				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
 			default:
@@ -260,6 +266,30 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			return 0, false, false, err
 		}
 	}
+}
+
+// ticketBellsOff, when set (by tests), turns the tickets' own doorbells
+// off (ptd19 prototype): enqueues and waits are as before.
+var ticketBellsOff atomic.Bool
+
+// insertBelled runs qTicketInsertBell on the session's doorbell
+// connection, when it is free, setting *res and *err, and reports whether
+// it ran it.
+func (t *tickets) insertBelled(ctx context.Context, res *sql.Result, err *error, name string, token int64, wt want) bool {
+	ran, e := t.lend(ctx, func(ctx context.Context, c *connpool.Conn) error {
+		st, err := c.Stmt(ctx, t.st.pool, int(sTicketInsertBell))
+		if err != nil {
+			return err
+		}
+		*res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
+			return st.ExecContext(ctx, wt.mode, t.id, token, wt.mode, name)
+		}, 0)
+		return err
+	})
+	if ran {
+		*err = e
+	}
+	return ran
 }
 
 // clusterEnqueueHook, when set (by tests), makes every session enqueue as
@@ -486,6 +516,11 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 			res, err = t.st.exec(ctx, sQueueRelease, o.name, t.id, o.token)
 		} else {
 			res, err = t.st.exec(ctx, sTicketRelease, o.name, t.id, o.token, o.seq+markerBase)
+			// The ticket's own doorbell, if it has one, is held by the
+			// doorbell's connection: let it go there (ptd19 prototype).
+			// Whether the release freed anything or not: a ticket gone
+			// has nobody left to wait for its bell.
+			t.bell.releaseTicketBell(ctx, o.name, o.seq)
 		}
 	}
 	if err != nil {
