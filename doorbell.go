@@ -1022,11 +1022,12 @@ func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, 
 	close(b.done)
 }
 
-// releaseTicketBell lets the own doorbell of ticket seq of name go on the
+// releaseTicketBell lets the own doorbell of ticket seq of name (held by
+// holder's acquisition token) go on the
 // doorbell's connection (qTicketBellRelease), waiting for the connection,
 // after the ticket's release ran on another one (ptd19 prototype). A
 // connection that no longer holds it (dropped since) does nothing.
-func (b *doorbell) releaseTicketBell(ctx context.Context, name string, seq int64) {
+func (b *doorbell) releaseTicketBell(ctx context.Context, name string, seq, holder, token int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.c == nil || ctx.Err() != nil || b.stopped.Err() != nil {
@@ -1036,7 +1037,7 @@ func (b *doorbell) releaseTicketBell(ctx context.Context, name string, seq int64
 	defer cancel()
 	st, err := b.c.Stmt(sctx, b.store.pool, int(sTicketBellRelease))
 	if err == nil {
-		_, err = st.ExecContext(sctx, name, seq)
+		_, err = st.ExecContext(sctx, name, seq, holder, token)
 	}
 	if err != nil && !connpool.Reusable(err) {
 		b.lose()

@@ -789,10 +789,11 @@ WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
 	// release (qTicketReleaseRing) lets it go. A bell it could not take
 	// (another connection holds the name: a hash collision) leaves the
 	// ticket without one; waiters behind it then wake at once and wait as
-	// before (qTicketAhead). Args and LastInsertId as qTicketInsertAlone's.
+	// before (qTicketAhead). Args: mode, lease id, lease id, token, token,
+	// mode, name. LastInsertId as qTicketInsertAlone's.
 	qTicketInsertBell = ticketInsertSQL + `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2,
-       ? + 0 * COALESCE(GET_LOCK(` + ticketBellPre + "q.name" + ticketBellMid + "LAST_INSERT_ID() DIV 2" + ticketBellEnd + `, 0), 0), ?, ?, UTC_TIMESTAMP(6)
+       ? + 0 * COALESCE(GET_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `, 0), 0), ?, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketBellWait finds the nearest live ticket ahead of a waiting one
@@ -809,24 +810,26 @@ FROM {queue} q WHERE q.name = ? FOR UPDATE`
 	qTicketBellWait = `SELECT x.seq, x.lft,
   IF(x.seq = ?, NULL, IF(GET_LOCK(x.bn, LEAST(?, x.lft / 1000000 + 0.005)) = 1, RELEASE_LOCK(x.bn), 0))
 FROM (SELECT t.seq, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) AS lft,
-    ` + ticketBellPre + "t.name" + ticketBellMid + "t.seq" + ticketBellEnd + ` AS bn
+    ` + ticketBellPre + "t.name, t.seq, t.holder, t.token" + ticketBellEnd + ` AS bn
   FROM {ticket} t JOIN {lease} l ON l.id = t.holder
   WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
   ORDER BY t.seq DESC LIMIT 1) x`
 
 	// qTicketBellRelease lets the ticket's own doorbell go, on the
 	// doorbell's connection, after a release that ran elsewhere. Args:
-	// name, ticket.
-	qTicketBellRelease = `DO RELEASE_LOCK(` + ticketBellPre + "?" + ticketBellMid + "?" + ticketBellEnd + `)`
+	// name, ticket, lease id, token.
+	qTicketBellRelease = `DO RELEASE_LOCK(` + ticketBellPre + "?, ?, ?, ?" + ticketBellEnd + `)`
 
-	// ticketBellPre, ticketBellMid and ticketBellEnd make the GET_LOCK
-	// name of a ticket's own doorbell around the lock's name and the
-	// ticket's number: 'dsynct:', the MD5 of the schema, ticket table and
-	// lock name, ':' and the number in hex (at most 7+32+1+16 = 56
-	// characters; the limit is 64).
-	ticketBellPre = `CONCAT('dsynct:', MD5(CONCAT(IFNULL(DATABASE(), ''), ':{ticket}:', `
-	ticketBellMid = `)), ':', HEX(`
-	ticketBellEnd = `))`
+	// ticketBellPre and ticketBellEnd make the GET_LOCK name of a ticket's
+	// own doorbell around the lock's name, the ticket's number, holder and
+	// token (comma-separated): 'dsynct:' and the MD5 of the schema, ticket
+	// table and those (39 characters; the limit is 64). The holder and
+	// token make it one acquisition's: a number comes again once the line
+	// empties, and a bell left held by an earlier ticket of the number
+	// (whose release ran elsewhere and could not let it go) must not be
+	// taken for the new ticket's.
+	ticketBellPre = `CONCAT('dsynct:', MD5(CONCAT_WS(':', IFNULL(DATABASE(), ''), '{ticket}', `
+	ticketBellEnd = `)))`
 
 	// ticketInsertSQL and ticketNumberedSQL are qTicketInsert's insert and
 	// its SELECT of the new ticket, numbered under the per-name row's
@@ -1024,7 +1027,7 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// generations astray. Rows as qTicketRelease's, read in key order: the
 	// ticket before its marker.
 	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?
-      AND COALESCE(RELEASE_LOCK(` + ticketBellPre + "name" + ticketBellMid + "seq" + ticketBellEnd + `), 0) >= 0)
+      AND COALESCE(RELEASE_LOCK(` + ticketBellPre + "name, seq, holder, token" + ticketBellEnd + `), 0) >= 0)
   OR (seq = ? AND holder = 0 AND token IN (1, ?)
       AND IF(IS_USED_LOCK(?) <=> CONNECTION_ID() OR GET_LOCK(?, 0) = 1, COALESCE(RELEASE_LOCK(?), 0) >= 0, seq + ~0 > 0)))`
 

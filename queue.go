@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsynclock/dsync/internal/connpool"
@@ -601,6 +602,10 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 	return out
 }
 
+// ownBellRefs numbers awaitOwnBell's block refs, negated: never a
+// session's doorbell.
+var ownBellRefs atomic.Int64
+
 // awaitOwnBell waits for the nearest conflicting live ticket ahead of w
 // by blocking on that ticket's own doorbell (qTicketBellWait, one
 // statement that reads whom to wait for and blocks; ptd19 prototype), and
@@ -625,9 +630,9 @@ func (s *Session) awaitOwnBell(ctx context.Context, name string, w *waiter, st *
 		}
 		return got.Valid && got.Int64 == 1, err
 	}
-	// A ref of its own, which no other call shares: the block is this
-	// acquisition's.
-	ref := bellRef{id: -w.token, gen: w.ticket}
+	// A ref of its own, which no other call shares (sessions of a capped
+	// pool share a bellWaiter): the block is this wait's.
+	ref := bellRef{id: -ownBellRefs.Add(1)}
 	b, _ := s.waiters.joinRun(ctx, s.done, ref, run, bellWait+time.Second, false, s.logger, name, kindQueue)
 	if b == nil {
 		return 0, false

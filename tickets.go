@@ -282,7 +282,7 @@ func (t *tickets) insertBelled(ctx context.Context, res *sql.Result, err *error,
 			return err
 		}
 		*res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-			return st.ExecContext(ctx, wt.mode, t.id, token, wt.mode, name)
+			return st.ExecContext(ctx, wt.mode, t.id, t.id, token, token, wt.mode, name)
 		}, 0)
 		return err
 	})
@@ -520,7 +520,7 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 			// doorbell's connection: let it go there (ptd19 prototype).
 			// Whether the release freed anything or not: a ticket gone
 			// has nobody left to wait for its bell.
-			t.bell.releaseTicketBell(ctx, o.name, o.seq)
+			t.bell.releaseTicketBell(ctx, o.name, o.seq, t.id, o.token)
 		}
 	}
 	if err != nil {
