@@ -62,7 +62,7 @@ func TestFairContendedStatements(t *testing.T) {
 		}
 	}
 	t.Logf("statements per contended FairMutex acquisition: %.2f", fewest)
-	const most = 6.75
+	const most = 4.5 // 6.75 before the tickets' own doorbells (ptd19)
 	if fewest > most {
 		t.Errorf("statements per contended acquisition: got %.2f; want at most %.2f", fewest, most)
 	}
