@@ -650,7 +650,11 @@ func (s *Session) awaitOwnBell(ctx context.Context, name string, w *waiter, st *
 	}
 	st.moved()
 	w.woken, w.behind = true, seq.Int64
-	if got.Int64 == 1 {
+	if got.Int64 == 1 || left.Int64 < int64(time.Second/time.Microsecond) {
+		// Woken from it: never again (its bell may be free for good).
+		// Or timed out with under a second of the holder's lease left,
+		// which MySQL's GET_LOCK rounds to whole seconds (maybe to no
+		// wait at all): the old path sleeps that out (bellWaiter.wait).
 		w.bellSkip = seq.Int64
 	}
 	return waitTry, true
