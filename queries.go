@@ -789,11 +789,15 @@ WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
 	// release (qTicketReleaseRing) lets it go. A bell it could not take
 	// (another connection holds the name: a hash collision) leaves the
 	// ticket without one; waiters behind it then wake at once and wait as
-	// before (qTicketAhead). Args: mode, lease id, lease id, token, token,
-	// mode, name. LastInsertId as qTicketInsertAlone's.
+	// before (qTicketAhead). Not twice: named locks count their takes on
+	// one connection, and the release lets one go; an enqueue run again
+	// after a rollback (retryRolledBackN) may number the same ticket with
+	// the same token, whose bell this connection holds already. Args:
+	// mode, lease id, lease id, token, lease id, token, token, mode, name. LastInsertId as qTicketInsertAlone's.
 	qTicketInsertBell = ticketInsertSQL + `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2,
-       ? + 0 * COALESCE(GET_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `, 0), 0), ?, ?, UTC_TIMESTAMP(6)
+       ? + 0 * COALESCE(IF(IS_USED_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `) <=> CONNECTION_ID(), 1,
+         GET_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `, 0)), 0), ?, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
 	// qTicketBellWait finds the nearest live ticket ahead of a waiting one

@@ -282,7 +282,7 @@ func (t *tickets) insertBelled(ctx context.Context, res *sql.Result, err *error,
 			return err
 		}
 		*res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-			return st.ExecContext(ctx, wt.mode, t.id, t.id, token, token, wt.mode, name)
+			return st.ExecContext(ctx, wt.mode, t.id, t.id, token, t.id, token, token, wt.mode, name)
 		}, 0)
 		return err
 	})
