@@ -142,15 +142,9 @@ func TestWaiterDoesNotPoll(t *testing.T) {
 // idleStatements returns how many statements the server answers in d
 // while n new sessions (each on its own *sql.DB) only keep their leases,
 // the baseline of TestWaiterDoesNotPoll. The sessions are closed before it
-// returns. Called first, it puts off until the test ends the first purge
-// of every session the test starts (see dsync.PurgeLater), which falls at
-// a random moment of a session's first minute: one in either counted
-// window (two connection settings, a delete and a read, and a delete per
-// orphaned ticket, 5 or more statements) made the rates of these tests
-// swing by 2 statements a second and more.
+// returns. (No purge falls in a counted window: see TestMain.)
 func idleStatements(t *testing.T, n int, d time.Duration) int64 {
 	t.Helper()
-	t.Cleanup(dsync.PurgeLater())
 	var sessions []*dsync.Session
 	for range n {
 		s, err := dsync.NewSession(context.Background(), dbtest.Open(t))

@@ -47,7 +47,6 @@ func TestCappedPoolWaitersDoNotPoll(t *testing.T) {
 		waitersPer = 2
 		window     = 2 * time.Second
 	)
-	t.Cleanup(dsync.PurgeLater()) // see idleStatements
 	ctx := context.Background()
 	type setup struct {
 		name           string

@@ -622,7 +622,6 @@ func TestElectionIdleObserverDoesNotPoll(t *testing.T) {
 // bounds each block.
 func TestElectionIdleObserverKeepsItsConnection(t *testing.T) {
 	slowTest(t)
-	t.Cleanup(dsync.PurgeLater()) // a purge opens a connection of the pool's
 	const ttl, watch = 2 * time.Second, 3 * time.Second
 	bg := context.Background()
 	name := lockName(t)

@@ -167,7 +167,8 @@ func Purge(s *Session) { s.current().reaper.purge() }
 // of a random moment of its first minute, until the returned function is
 // called: a test that counts the server's statements over a few seconds
 // does not count a purge (a connection's settings, a delete, a read, a
-// delete per orphaned ticket) as polling.
+// delete per orphaned ticket) as polling. TestMain calls it for the
+// whole package.
 func PurgeLater() (restore func()) {
 	purgeFirstHook.Store(int64(time.Hour))
 	return func() { purgeFirstHook.Store(0) }

@@ -111,20 +111,16 @@ const observeRetry = time.Second
 func (c *runConfig) observeLeaders() int {
 	r := newRelay()
 	defer r.stop()
-	db, err := openDB(c.dsn)
-	if err != nil {
-		return unavailable(err)
-	}
-	defer db.Close()
-	s, code := c.newSession(r, db)
+	db, s, code := c.connect(r)
 	if code >= 0 {
 		return code
 	}
+	defer db.Close()
 	defer func() { s.Close() }() // the session of the moment: a lost one is replaced
 
 	e := dsync.NewElection(s, c.name)
 	look, cancel := context.WithTimeout(r.ctx, c.connectTimeout)
-	_, err = e.Leader(look)
+	_, err := e.Leader(look)
 	cancel()
 	switch {
 	case errors.Is(err, dsync.ErrInvalidName):

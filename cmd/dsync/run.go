@@ -221,6 +221,24 @@ func (c *runConfig) options() []dsync.Option {
 	return opts
 }
 
+// connect opens the *sql.DB of --dsn and the session of dsync run or
+// elect on it, within --connect-timeout. It returns both and -1 (the
+// caller closes them, the session first), or the exit status when either
+// could not be opened (a signal, a usage error, or the database), having
+// closed what it opened.
+func (c *runConfig) connect(r *relay) (*sql.DB, *dsync.Session, int) {
+	db, err := openDB(c.dsn)
+	if err != nil {
+		return nil, nil, unavailable(err)
+	}
+	s, code := c.newSession(r, db)
+	if code >= 0 {
+		db.Close()
+		return nil, nil, code
+	}
+	return db, s, -1
+}
+
 // newSession opens the session of dsync run or elect on db within
 // --connect-timeout. It returns -1 and the session, or the exit status
 // when none could be opened (a signal, a usage error, or the database).
@@ -249,15 +267,11 @@ func (c *runConfig) run() int {
 	r := newRelay()
 	defer r.stop()
 
-	db, err := openDB(c.dsn)
-	if err != nil {
-		return unavailable(err)
-	}
-	defer db.Close()
-	s, code := c.newSession(r, db)
+	db, s, code := c.connect(r)
 	if code >= 0 {
 		return code
 	}
+	defer db.Close()
 	defer func() {
 		if err := s.Close(); err != nil {
 			fmt.Fprintf(stderr, "dsync: %s\n", errText(err.Error()))

@@ -162,18 +162,6 @@ type semLook struct {
 // had ended may be live again on the server's clock (a look counts it).
 const semClockSlack = 7 * time.Second
 
-// semLostLeases returns the leases that the history shows lost at some
-// time, before or after a look (see lostAts). A lease that lives again
-// after a step back of the server's clock had ended there, so its session
-// saw Done before (or was killed): it is one of these.
-func semLostLeases(events []Event) map[int64]bool {
-	lost := map[int64]bool{}
-	for id := range lostAts(events) {
-		lost[id] = true
-	}
-	return lost
-}
-
 // checkSemLines checks what the Semaphore's line promises (its "no
 // barging" and limit, on the database's side): a ticket holds when the
 // weights of the live tickets up to and including it add up to at most
@@ -190,7 +178,9 @@ func semLostLeases(events []Event) map[int64]bool {
 // leases that had ended live again, whose tickets then count in the line
 // though their sessions hold nothing: in looks within the sum of the
 // backward steps plus the TTL and semClockSlack after one, the tickets
-// of leases lost at some time, semLostLeases, are left out.) Looks that
+// of leases lost at some time (lostAt, before or after the look: a lease
+// that lives again after a step had ended there, so its session saw Done
+// before, or was killed), are left out.) Looks that
 // find no live ticket of the session (its lease ended meanwhile) prove
 // nothing.
 func (b *builder) checkSemLines() []anomaly {
@@ -207,7 +197,7 @@ func (b *builder) checkSemLines() []anomaly {
 		var prefix int64
 		for _, f := range strings.Fields(l.line) {
 			var seq, holder, weight int64
-			if _, err := fmt.Sscanf(f, "%d:%d:%d", &seq, &holder, &weight); err != nil || seq > l.seq || (afterStep && b.lostLeases[holder]) {
+			if _, err := fmt.Sscanf(f, "%d:%d:%d", &seq, &holder, &weight); err != nil || seq > l.seq || (afterStep && b.everLost(holder)) {
 				continue
 			}
 			prefix += weight
@@ -233,10 +223,16 @@ func (b *builder) checkSemLines() []anomaly {
 	return out
 }
 
+// everLost reports whether the history shows session sess's lease lost at
+// some time (see lostAts).
+func (b *builder) everLost(sess int64) bool {
+	_, lost := b.lostAt[sess]
+	return lost
+}
+
 // clockBacks fills clockBack from the history's backward steps of the
 // server's clock (see checkSemLines).
 func (b *builder) clockBacks(events []Event) {
-	b.lostLeases = semLostLeases(events)
 	var back int64
 	for _, e := range events {
 		if e.Proc == -1 && e.Op == nemClock && e.Dur < 0 {

@@ -214,12 +214,11 @@ type builder struct {
 
 	// Semaphores: the looks at the line, those without the session's
 	// ticket and those after a backward step of the server's clock, the
-	// windows after such a step, and the leases lost at some time.
+	// and the windows after such a step.
 	semLooks          []semLook
 	semLooksSkipped   int
 	semLooksAfterStep int
 	clockBack         [][2]int64
-	lostLeases        map[int64]bool
 
 	complete int // operations with a ret
 	unknown  int // operations without one (their process was killed)
