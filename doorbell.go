@@ -87,6 +87,15 @@ const (
 // (at most 6+16+1+16 = 39 characters; the limit is 64).
 func bellName(id, gen int64) string { return fmt.Sprintf("dsync:%x:%x", id, gen) }
 
+// ticketBellName is the GET_LOCK name of the own doorbell of the ticket
+// that session id's acquisition token holds (see qTicketInsertBell), as
+// ticketBellSQL makes it from the ticket's row: lease id and token, both
+// positive, in lower-case hex (at most 7+16+1+16 = 40 characters). The
+// two name one acquisition (tokens come from a per-session counter): a
+// ticket number comes again once the line empties, and a bell left held
+// by an earlier ticket of the number must not stand for the new one.
+func ticketBellName(id, token int64) string { return fmt.Sprintf("dsynct:%x:%x", id, token) }
+
 // doorbell is the holder side: a goroutine that takes the session's
 // doorbell when the session first holds a Mutex, rings it on request and
 // publishes its generations; and the connection that holds it, on which a
@@ -116,6 +125,12 @@ type doorbell struct {
 	c         *connpool.Conn // guarded by mu; holds generation gen; nil: none now
 	gen       int64          // guarded by mu
 	published int64          // guarded by mu; the generation in the lease row
+
+	// The tickets' own doorbells c holds (see qTicketInsertBell). Taken
+	// with mu held or not; mu is never taken while bellsMu is held.
+	bellsMu sync.Mutex
+	bells   map[int64]bool // guarded by bellsMu; tokens of the acquisitions whose ticket's bell c holds
+	letGo   []int64        // guarded by bellsMu; of those, the ones whose tickets were freed on another connection: tend lets them go
 }
 
 // newDoorbell returns the doorbell of session id, not started (see arm):
@@ -285,6 +300,9 @@ func (b *doorbell) tend(ctx context.Context) (again, stop bool) {
 			b.published = b.gen
 		}
 	}
+	if err == nil {
+		err = b.letBellsGo(ctx)
+	}
 	if err != nil {
 		b.logger.Debug("dsync: doorbell ring failed", "err", err)
 		b.lose() // the failed statement may have taken the next generation
@@ -300,6 +318,7 @@ func (b *doorbell) drop() {
 	if b.c != nil {
 		b.c.Close()
 		b.c = nil
+		b.forgetBells()
 	}
 }
 
@@ -487,6 +506,7 @@ func (b *doorbell) lose() {
 	b.c.Close()
 	b.c = nil
 	b.gen++
+	b.forgetBells()
 	b.nudge()
 }
 
@@ -500,8 +520,18 @@ func (b *doorbell) publish(ctx context.Context, c *connpool.Conn, gen int64) err
 	return err
 }
 
-// bellRef names one generation of one session's doorbell.
-type bellRef struct{ id, gen int64 }
+// bellRef names one generation of one session's doorbell, or (tok > 0)
+// the own doorbell of the ticket of that session's acquisition tok (see
+// ticketBellName).
+type bellRef struct{ id, gen, tok int64 }
+
+// name returns the GET_LOCK name of the doorbell ref names.
+func (r bellRef) name() string {
+	if r.tok > 0 {
+		return ticketBellName(r.id, r.tok)
+	}
+	return bellName(r.id, r.gen)
+}
 
 // bellState is what one Lock call's waiting remembers between doorbells.
 type bellState struct {
@@ -696,12 +726,9 @@ type bellWaiter struct {
 // it.
 type bellBlock struct {
 	ref    bellRef
-	done   chan struct{} // closed when the block has ended; rung and failed are set before
-	rung   bool          // the doorbell was free (rung, or gone with its connection)
-	failed bool          // no connection, or the statement failed
-	// run, when set, is the block's statement instead of qBellWait's on
-	// ref (a ticket's own doorbell, see waitTicket); it sets res.
-	run    func(ctx context.Context, c *connpool.Conn) (rung bool, err error)
+	done   chan struct{}      // closed when the block has ended; rung and failed are set before
+	rung   bool               // the doorbell was free (rung, or gone with its connection)
+	failed bool               // no connection, or the statement failed
 	calls  int                // guarded by bellWaiter.mu; calls waiting for it
 	locks  int                // guarded by bellWaiter.mu; those of lock waiters (the others observe an Election and yield the connection, see join)
 	cancel context.CancelFunc // guarded by bellWaiter.mu; ends the block; nil until it runs
@@ -919,12 +946,6 @@ func (w *bellWaiter) wait(ctx context.Context, done <-chan struct{}, ref bellRef
 // the observer blocking again each time, as it starts its next block
 // within milliseconds.
 func (w *bellWaiter) join(ctx context.Context, done <-chan struct{}, ref bellRef, limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
-	return w.joinRun(ctx, done, ref, nil, limit, yield, logger, name, kind)
-}
-
-// joinRun is join for a block that runs run instead of qBellWait (nil:
-// qBellWait on ref).
-func (w *bellWaiter) joinRun(ctx context.Context, done <-chan struct{}, ref bellRef, run func(context.Context, *connpool.Conn) (bool, error), limit time.Duration, yield bool, logger *slog.Logger, name, kind string) (b *bellBlock, joined bool) {
 	w.mu.Lock()
 	for w.cur != nil {
 		b := w.cur
@@ -951,7 +972,7 @@ func (w *bellWaiter) joinRun(ctx context.Context, done <-chan struct{}, ref bell
 		}
 		w.mu.Lock()
 	}
-	b = &bellBlock{ref: ref, run: run, done: make(chan struct{}), calls: 1}
+	b = &bellBlock{ref: ref, done: make(chan struct{}), calls: 1}
 	if !yield {
 		b.locks = 1
 	}
@@ -992,20 +1013,11 @@ func (w *bellWaiter) leave(b *bellBlock, yield bool) {
 // block runs block b on c for at most limit, and records its outcome.
 func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, limit time.Duration, logger *slog.Logger, name, kind string) {
 	defer w.blocks.Done()
+	bell := b.ref.name()
 	var got sql.NullInt64
-	var err error
-	if b.run != nil {
-		var rung bool
-		if rung, err = b.run(ctx, c); rung {
-			got.Int64 = 1
-		}
-	} else {
-		bell := bellName(b.ref.id, b.ref.gen)
-		var st *sql.Stmt
-		st, err = c.Stmt(ctx, w.pool, int(sBellWait))
-		if err == nil {
-			err = st.QueryRowContext(ctx, bell, limit.Seconds(), bell).Scan(&got)
-		}
+	st, err := c.Stmt(ctx, w.pool, int(sBellWait))
+	if err == nil {
+		err = st.QueryRowContext(ctx, bell, limit.Seconds(), bell).Scan(&got)
 	}
 	w.put(c, err == nil && ctx.Err() == nil)
 	if err != nil && ctx.Err() == nil {
@@ -1022,24 +1034,62 @@ func (w *bellWaiter) block(ctx context.Context, c *connpool.Conn, b *bellBlock, 
 	close(b.done)
 }
 
-// releaseTicketBell lets the own doorbell of ticket seq of name (held by
-// holder's acquisition token) go on the
-// doorbell's connection (qTicketBellRelease), waiting for the connection,
-// after the ticket's release ran on another one (ptd19 prototype). A
-// connection that no longer holds it (dropped since) does nothing.
-func (b *doorbell) releaseTicketBell(ctx context.Context, name string, seq, holder, token int64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.c == nil || ctx.Err() != nil || b.stopped.Err() != nil {
-		return
+// tookTicketBell records that the doorbell's connection took the own
+// doorbell of the ticket of the session's acquisition token (b.mu held:
+// the enqueue ran there, see tickets.insertBelled).
+func (b *doorbell) tookTicketBell(token int64) {
+	b.bellsMu.Lock()
+	defer b.bellsMu.Unlock()
+	if b.bells == nil {
+		b.bells = make(map[int64]bool)
 	}
-	sctx, cancel := detach(ctx, b.stopped, lentFor)
-	defer cancel()
-	st, err := b.c.Stmt(sctx, b.store.pool, int(sTicketBellRelease))
-	if err == nil {
-		_, err = st.ExecContext(sctx, name, seq, holder, token)
+	b.bells[token] = true
+}
+
+// ticketFreed records that the ticket of the session's acquisition token
+// was freed (or not found: the release ran before), on the doorbell's
+// connection in a statement that let its bell go (letGone), or elsewhere:
+// then, when the connection holds its bell, the doorbell goroutine lets
+// it go (tend), after the release committed, never on the caller's path.
+// A bell left held meanwhile only keeps the waiters behind the gone
+// ticket blocked until their block times out (at most bellWait, or the
+// end of this session's lease): their checks, not the bell, decide.
+func (b *doorbell) ticketFreed(token int64, letGone bool) {
+	b.bellsMu.Lock()
+	held := b.bells[token]
+	delete(b.bells, token)
+	if held && !letGone {
+		b.letGo = append(b.letGo, token)
 	}
-	if err != nil && !connpool.Reusable(err) {
-		b.lose()
+	b.bellsMu.Unlock()
+	if held && !letGone {
+		b.nudge()
 	}
+}
+
+// forgetBells forgets the tickets' bells (b.mu held): the connection that
+// held them is gone, and they with it.
+func (b *doorbell) forgetBells() {
+	b.bellsMu.Lock()
+	defer b.bellsMu.Unlock()
+	b.bells, b.letGo = nil, nil
+}
+
+// letBellsGo lets go, on the doorbell's connection (b.mu held), the
+// tickets' bells that ticketFreed asked it to (qTicketBellLetGo).
+func (b *doorbell) letBellsGo(ctx context.Context) error {
+	b.bellsMu.Lock()
+	tokens := b.letGo
+	b.letGo = nil
+	b.bellsMu.Unlock()
+	for _, token := range tokens {
+		st, err := b.c.Stmt(ctx, b.store.pool, int(sTicketBellLetGo))
+		if err == nil {
+			_, err = st.ExecContext(ctx, ticketBellName(b.id, token))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -436,7 +436,7 @@ func (e *Election) observe(ctx context.Context, g *Session, ch chan<- Leader) {
 		case r.bell == 0:
 			d = bells.nextPace(&polls) // the holder's doorbell is not there yet
 		default:
-			ref, block, _ := bells.judge(true, bellRef{r.id, r.bell}, r.left, 0)
+			ref, block, _ := bells.judge(true, bellRef{id: r.id, gen: r.bell}, r.left, 0)
 			if !block {
 				d = bells.nextPace(&polls)
 				break

@@ -116,7 +116,7 @@ func SemTake(ctx context.Context, s *Session, key string, ticket, limit int64) (
 // whether it is the first waiter behind several holders.
 func SemAhead(ctx context.Context, s *Session, key string, ticket, limit int64) (seq int64, several bool, err error) {
 	w := &waiter{ticket: ticket, want: want{mode: modeWeighted, limit: limit}}
-	seq, _, _, _, several, err = s.current().tickets.ticketAhead(ctx, key, w)
+	seq, _, _, _, several, _, err = s.current().tickets.ticketAhead(ctx, key, w)
 	return seq, several, err
 }
 
@@ -129,7 +129,7 @@ func TicketAhead(ctx context.Context, s *Session, name string, ticket int64, exc
 	if exclusive {
 		w.mode = modeExclusive
 	}
-	seq, _, _, marked, _, err = s.current().tickets.ticketAhead(ctx, name, w)
+	seq, _, _, marked, _, _, err = s.current().tickets.ticketAhead(ctx, name, w)
 	return seq, marked, err
 }
 
@@ -174,9 +174,10 @@ func PurgeLater() (restore func()) {
 	return func() { purgeFirstHook.Store(0) }
 }
 
-// SetTicketBellsOff turns the tickets' own doorbells off (ptd19
-// prototype) until the returned func runs.
-func SetTicketBellsOff() func() {
-	ticketBellsOff.Store(true)
-	return func() { ticketBellsOff.Store(false) }
+// LockDoorbell holds the mutex of session s's doorbell, as while its
+// connection is in use, until the returned func runs.
+func LockDoorbell(s *Session) (unlock func()) {
+	b := s.current().bell
+	b.mu.Lock()
+	return b.mu.Unlock
 }

@@ -151,7 +151,7 @@ func (r *lockRows) lockBell(ctx context.Context, name string) (b lockBellRead, e
 	if err == nil && !id.Valid {
 		err = sql.ErrNoRows
 	}
-	b.ref, b.left, b.claimant = bellRef{id.Int64, gen.Int64}, until.Int64, claim.Bool
+	b.ref, b.left, b.claimant = bellRef{id: id.Int64, gen: gen.Int64}, until.Int64, claim.Bool
 	return b, err
 }
 

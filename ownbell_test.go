@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,10 +13,9 @@ import (
 )
 
 // ownBellHolderSQL reads which connection holds the own doorbell of the
-// live ticket of name held by a lease (ptd19 prototype: the name is made
-// as ticketBellPre/ticketBellEnd make it in queries.go). Args: name, lease
-// id.
-const ownBellHolderSQL = "SELECT IS_USED_LOCK(CONCAT('dsynct:', MD5(CONCAT_WS(':', DATABASE(), '`dsync_ticket`', name, seq, holder, token))))" +
+// live ticket of name held by a lease (named as ticketBellName names it:
+// dsynct:<lease id>:<token>, in hex). Args: name, lease id.
+const ownBellHolderSQL = "SELECT IS_USED_LOCK(CONCAT('dsynct:', LOWER(HEX(holder)), ':', LOWER(HEX(token))))" +
 	" FROM dsync_ticket WHERE name = ? AND holder = ?"
 
 // TestOwnBellGoneNoSpin checks a waiter behind a ticket whose own
@@ -32,58 +32,14 @@ func TestOwnBellGoneNoSpin(t *testing.T) {
 	name := lockName(t)
 	db := dbtest.Open(t)
 	const waiters = 4
-
-	// The holder's session holds a lock first, so that it has its
-	// doorbell when it enqueues.
-	sh := newSession(t, dsync.WithTTL(time.Minute))
-	warm := dsync.NewFairMutex(sh, name+"-warm")
-	if err := warm.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	bell := awaitBellOf(t, db, sh.ID())
-
-	// A ticket for the holder: it enqueues behind a holder of the slot,
-	// and holds by its ticket once that lets go.
-	m0 := dsync.NewFairMutex(newSession(t, dsync.WithTTL(time.Minute)), name)
-	if err := m0.Lock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h := dsync.NewFairMutex(sh, name)
-	got := lockAsync(ctx, h)
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var n int
-		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?", name, sh.ID()).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("the holder's ticket is not in the table after 5s")
-		}
-	}
-	if err := m0.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatal(err)
-	}
-	var holderConn sql.NullInt64
-	if err := db.QueryRow(ownBellHolderSQL, name, sh.ID()).Scan(&holderConn); err != nil {
-		t.Fatal(err)
-	}
-	if holderConn.Int64 != bell {
-		t.Fatalf("the held ticket's own doorbell: held by connection %v; want the session's doorbell connection %d", holderConn, bell)
-	}
+	sh, h, bell := holdByBelledTicket(t, db, name)
 
 	w := startSpinWaitersOf(t, fairOps, dbtest.DSN(), name, waiters, time.Minute)
 	if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(bell, 10)); err != nil {
 		t.Fatal(err)
 	}
 	awaitGone(t, db, bell)
+	var holderConn sql.NullInt64
 	if err := db.QueryRow(ownBellHolderSQL, name, sh.ID()).Scan(&holderConn); err != nil {
 		t.Fatal(err)
 	}
@@ -150,5 +106,195 @@ func TestOwnBellCancelledAhead(t *testing.T) {
 	}
 	if err := m3.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// holdByBelledTicket has a new session hold name by a ticket that has its
+// own doorbell, and returns the session, its FairMutex of name and its
+// doorbell's connection id. It proves that the doorbell's connection
+// holds the ticket's bell. The session holds a lock first, so that it has
+// its doorbell when it enqueues; it enqueues behind another session's
+// hold of the head slot, and holds by its ticket once that lets go.
+func holdByBelledTicket(t *testing.T, db *sql.DB, name string) (*dsync.Session, *dsync.FairMutex, int64) {
+	t.Helper()
+	ctx := context.Background()
+	sh := newSession(t, dsync.WithTTL(time.Minute))
+	warm := dsync.NewFairMutex(sh, name+"-warm")
+	if err := warm.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bell := awaitBellOf(t, db, sh.ID())
+	m0 := dsync.NewFairMutex(newSession(t, dsync.WithTTL(time.Minute)), name)
+	if err := m0.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h := dsync.NewFairMutex(sh, name)
+	got := lockAsync(ctx, h)
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?", name, sh.ID()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the holder's ticket is not in the table after 5s")
+		}
+	}
+	if err := m0.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	var holderConn sql.NullInt64
+	if err := db.QueryRow(ownBellHolderSQL, name, sh.ID()).Scan(&holderConn); err != nil {
+		t.Fatal(err)
+	}
+	if holderConn.Int64 != bell {
+		t.Fatalf("the held ticket's own doorbell: held by connection %v; want the session's doorbell connection %d", holderConn, bell)
+	}
+	return sh, h, bell
+}
+
+// blockedWaiters starts n FairMutex waiters of name, each in a session
+// of its own, and waits until n connections block in GET_LOCK (a
+// doorbell). Their results come on the returned channel.
+func blockedWaiters(t *testing.T, db *sql.DB, name string, n int) chan error {
+	t.Helper()
+	ctx := context.Background()
+	var before int
+	if err := db.QueryRow(userLockWaitsSQL).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, n)
+	for range n {
+		m := dsync.NewFairMutex(newSession(t, dsync.WithTTL(time.Minute)), name)
+		go func() {
+			err := m.Lock(ctx)
+			if err == nil {
+				err = m.Unlock(ctx)
+			}
+			got <- err
+		}()
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var blocked int
+		if err := db.QueryRow(userLockWaitsSQL).Scan(&blocked); err != nil {
+			t.Fatal(err)
+		}
+		if blocked >= before+n {
+			return got
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d waiters blocked in GET_LOCK after 5s", blocked-before, n)
+		}
+	}
+}
+
+// userLockWaitsSQL counts the connections that wait in GET_LOCK.
+const userLockWaitsSQL = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'"
+
+// TestOwnBellBlockHoldsNoTable checks that waiters blocked on a ticket's
+// own doorbell hold no metadata lock on dsync's tables: an ALTER TABLE of
+// the ticket table on another connection, with a lock wait timeout of 2s
+// (qUpgradeFrom6's is 5s), completes while they wait. A block that read
+// the ticket and lease tables in its statement kept a metadata lock on
+// them for as long as it waited (up to 8s), and the ALTER, and every
+// statement on the table behind it, waited for it.
+func TestOwnBellBlockHoldsNoTable(t *testing.T) {
+	ctx := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	_, h, _ := holdByBelledTicket(t, db, name)
+	got := blockedWaiters(t, db, name, 2)
+	time.Sleep(200 * time.Millisecond) // well into their blocks
+
+	var comment string
+	if err := db.QueryRow("SELECT TABLE_COMMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'dsync_ticket'").Scan(&comment); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 2"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = conn.ExecContext(ctx, "ALTER TABLE dsync_ticket COMMENT = 'probe'")
+	t.Logf("ALTER TABLE of the ticket table while 2 waiters block: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		t.Errorf("ALTER TABLE of the ticket table while waiters block on a ticket's doorbell: got %v; want it done", err)
+	}
+	if _, err := conn.ExecContext(ctx, "ALTER TABLE dsync_ticket COMMENT = '"+strings.ReplaceAll(comment, "'", "''")+"'"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("a waiter returned while the holder held the lock (%v)", err)
+	default:
+	}
+	if err := h.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOwnBellUnlockDoorbellBusy checks the release of a ticket with its
+// own doorbell while the session's doorbell connection is busy (here its
+// mutex held, as while the doorbell goroutine opens a new connection):
+// Unlock returns within its ctx, on another connection, and the doorbell
+// lets the bell go once free, which wakes the waiter behind the ticket.
+func TestOwnBellUnlockDoorbellBusy(t *testing.T) {
+	ctx := context.Background()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	sh, h, _ := holdByBelledTicket(t, db, name)
+	got := blockedWaiters(t, db, name, 1)
+
+	unlockBell := dsync.LockDoorbell(sh)
+	uctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	start := time.Now()
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- h.Unlock(uctx) }()
+	select {
+	case err := <-unlocked:
+		if took := time.Since(start); err != nil {
+			unlockBell()
+			t.Fatalf("Unlock with the doorbell busy: got %v after %v; want nil", err, took.Round(time.Millisecond))
+		}
+	case <-time.After(3 * time.Second):
+		unlockBell()
+		err := <-unlocked
+		t.Fatalf("Unlock with the doorbell busy: returned %v only after the doorbell was free, %v after it began; want within its ctx (1s)", err, time.Since(start).Round(time.Millisecond))
+	}
+	took := time.Since(start)
+	time.Sleep(time.Second) // the waiter stays blocked on the bell: nothing let it go
+	select {
+	case err := <-got:
+		unlockBell()
+		t.Fatalf("the waiter returned (%v) with the bell held", err)
+	default:
+	}
+	freed := time.Now()
+	unlockBell()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	woke := time.Since(freed)
+	t.Logf("Unlock took %v; the waiter took the lock %v after the doorbell was free", took.Round(time.Millisecond), woke.Round(time.Millisecond))
+	if woke > takeBound {
+		t.Errorf("the waiter took the lock %v after the doorbell was free; want well before bellWait (8s)", woke.Round(time.Millisecond))
 	}
 }

@@ -779,61 +779,35 @@ WHERE t.name = ? AND t.seq < ` + markerBaseSQL + `
 	// name. LastInsertId: as qTicketInsert's.
 	qTicketInsertAlone = ticketInsertSQL + ticketNumberedSQL
 
-	// qTicketInsertBell is qTicketInsertAlone with the ticket's own
-	// doorbell (see ticketBellSQL, ptd19 prototype): in the same statement,
-	// after the number is set (LAST_INSERT_ID() reads the value that
-	// LAST_INSERT_ID(expr) set in the seq column, evaluated before the
-	// holder's), the connection takes GET_LOCK of the new ticket's bell,
-	// not waiting; so the bell is held before the ticket commits and any
-	// waiter can see it. Sent only on the doorbell's connection, whose
-	// release (qTicketReleaseRing) lets it go. A bell it could not take
-	// (another connection holds the name: a hash collision) leaves the
-	// ticket without one; waiters behind it then wake at once and wait as
-	// before (qTicketAhead). Not twice: named locks count their takes on
-	// one connection, and the release lets one go; an enqueue run again
-	// after a rollback (retryRolledBackN) may number the same ticket with
-	// the same token, whose bell this connection holds already. Args:
-	// mode, lease id, lease id, token, lease id, token, token, mode, name. LastInsertId as qTicketInsertAlone's.
+	// qTicketInsertBell is qTicketInsertAlone that also takes the new
+	// ticket's own doorbell (see ticketBellName), without waiting, in the
+	// same statement, so the bell is held before the ticket commits and
+	// before any waiter can see it. It is sent only on the session's
+	// doorbell connection (doorbell.lend), whose release of the ticket
+	// (qTicketReleaseRing) lets the bell go in its own statement; a waiter
+	// behind the ticket blocks on the bell, so no marker is left. The
+	// GET_LOCK sits in the holder column, which it leaves as it is. A
+	// connection takes a named lock once per GET_LOCK and the release lets
+	// it go once: the bell is taken only when this connection does not
+	// hold it already, since an enqueue run again after a rollback
+	// (retryRolledBackN) may number the ticket with the same token. A bell
+	// another connection holds (none should) leaves the ticket without
+	// one: its waiters wait as for a ticket enqueued elsewhere. Args: mode,
+	// lease id, bell name (twice), token, mode, name. LastInsertId as
+	// qTicketInsertAlone's.
 	qTicketInsertBell = ticketInsertSQL + `SELECT q.name, LAST_INSERT_ID(2 * (` + ticketNumberQ + `)
        + IF(` + ticketConflictQ + `, 1, 0)) DIV 2,
-       ? + 0 * COALESCE(IF(IS_USED_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `) <=> CONNECTION_ID(), 1,
-         GET_LOCK(` + ticketBellPre + "q.name, LAST_INSERT_ID() DIV 2, ?, ?" + ticketBellEnd + `, 0)), 0), ?, ?, UTC_TIMESTAMP(6)
+       ? + 0 * COALESCE(IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0)), 0), ?, ?, UTC_TIMESTAMP(6)
 FROM {queue} q WHERE q.name = ? FOR UPDATE`
 
-	// qTicketBellWait finds the nearest live ticket ahead of a waiting one
-	// that it conflicts with and blocks on that ticket's own doorbell (see
-	// qTicketInsertBell) in the same statement, for at most the given
-	// seconds or that ticket's lease's end (plus bellLate), whichever is
-	// sooner; a plain read, so it holds no row lock while it blocks. It does
-	// not block on the ticket skip (one it woke from already: the waiter
-	// waits for it as before, qTicketAhead). Args: skip, seconds, name,
-	// ticket, mode. Results: the ticket blocked on (NULL: no conflicting
-	// ticket ahead), its lease's microseconds left, and 1 when its bell
-	// was free or let go (rung), 0 when the wait timed out, NULL when not
-	// blocked (skip).
-	qTicketBellWait = `SELECT x.seq, x.lft,
-  IF(x.seq = ?, NULL, IF(GET_LOCK(x.bn, LEAST(?, x.lft / 1000000 + 0.005)) = 1, RELEASE_LOCK(x.bn), 0))
-FROM (SELECT t.seq, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at) AS lft,
-    ` + ticketBellPre + "t.name, t.seq, t.holder, t.token" + ticketBellEnd + ` AS bn
-  FROM {ticket} t JOIN {lease} l ON l.id = t.holder
-  WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
-  ORDER BY t.seq DESC LIMIT 1) x`
+	// qTicketBellLetGo lets go a ticket's own doorbell that the doorbell's
+	// connection holds, after the ticket's release ran on another
+	// connection. Args: bell name.
+	qTicketBellLetGo = `DO RELEASE_LOCK(?)`
 
-	// qTicketBellRelease lets the ticket's own doorbell go, on the
-	// doorbell's connection, after a release that ran elsewhere. Args:
-	// name, ticket, lease id, token.
-	qTicketBellRelease = `DO RELEASE_LOCK(` + ticketBellPre + "?, ?, ?, ?" + ticketBellEnd + `)`
-
-	// ticketBellPre and ticketBellEnd make the GET_LOCK name of a ticket's
-	// own doorbell around the lock's name, the ticket's number, holder and
-	// token (comma-separated): 'dsynct:' and the MD5 of the schema, ticket
-	// table and those (39 characters; the limit is 64). The holder and
-	// token make it one acquisition's: a number comes again once the line
-	// empties, and a bell left held by an earlier ticket of the number
-	// (whose release ran elsewhere and could not let it go) must not be
-	// taken for the new ticket's.
-	ticketBellPre = `CONCAT('dsynct:', MD5(CONCAT_WS(':', IFNULL(DATABASE(), ''), '{ticket}', `
-	ticketBellEnd = `)))`
+	// ticketBellSQL is the GET_LOCK name of the own doorbell of ticket t (see
+	// ticketBellName), made from its row.
+	ticketBellSQL = `CONCAT('dsynct:', LOWER(HEX(t.holder)), ':', LOWER(HEX(t.token)))`
 
 	// ticketInsertSQL and ticketNumberedSQL are qTicketInsert's insert and
 	// its SELECT of the new ticket, numbered under the per-name row's
@@ -1005,8 +979,14 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// qTicketReleaseRing is qTicketRelease on the doorbell's connection:
 	// it removes the session's ticket and, when a waiter left its marker
 	// behind it (qTicketWant), rings the doorbell and removes the marker, in
-	// one statement. Args: name, lease id, token, ticket + markerBase, lease
-	// id, next doorbell name (twice), current doorbell name. A DELETE
+	// one statement. It also lets the ticket's own doorbell go (see
+	// qTicketInsertBell; a ticket enqueued elsewhere has none, and
+	// RELEASE_LOCK of a name this connection does not hold does nothing),
+	// as it deletes the ticket and before it commits: a waiter it wakes
+	// waits for that commit (see qTicketTakeWoken). Args: name, lease id,
+	// token, the ticket's bell name (see ticketBellName), ticket +
+	// markerBase, lease id, next doorbell name (twice), current doorbell
+	// name. A DELETE
 	// reports no LAST_INSERT_ID, so the rows say what it did: 2, the ticket
 	// and the marker: rung, the next generation taken; 1: the ticket alone,
 	// nobody waited; 0: the ticket was not this acquisition's (free it with
@@ -1031,7 +1011,7 @@ WHERE name = ? AND holder = ? AND token = ?`
 	// generations astray. Rows as qTicketRelease's, read in key order: the
 	// ticket before its marker.
 	qTicketReleaseRing = `DELETE FROM {ticket} WHERE name = ? AND ((holder = ? AND token = ?
-      AND COALESCE(RELEASE_LOCK(` + ticketBellPre + "name, seq, holder, token" + ticketBellEnd + `), 0) >= 0)
+      AND COALESCE(RELEASE_LOCK(?), 0) >= 0)
   OR (seq = ? AND holder = 0 AND token IN (1, ?)
       AND IF(IS_USED_LOCK(?) <=> CONNECTION_ID() OR GET_LOCK(?, 0) = 1, COALESCE(RELEASE_LOCK(?), 0) >= 0, seq + ~0 > 0)))`
 
@@ -1097,14 +1077,22 @@ LOCK IN SHARE MODE`
 	// blocking on it before it is taken lets it go in the same statement);
 	// a block on it then ends at once, as for a ring for nothing. Behind
 	// the head slot the published generation is read: that read takes no
-	// lock, and the slot's release may have rung for this waiter. Args:
-	// name, ticket, mode, name. No row: nothing conflicting is
-	// ahead.
-	qTicketAhead = ticketAheadCols + ticketAheadFrom + `
+	// lock, and the slot's release may have rung for this waiter. A
+	// sixth column is the token of the ticket's holder when the ticket's
+	// own doorbell is held (see qTicketInsertBell), else 0 (and 0 for the
+	// head slot): then the waiter blocks on that bell instead
+	// (qBellWait on ticketBellName, a statement that reads no table) and
+	// leaves no marker. The bell is read after the ticket's share lock is
+	// granted, so a release under way has let it go and committed by
+	// then (the ticket is gone); a release after the read lets it go
+	// after the read, which the block then sees. Args: name, ticket,
+	// mode, name. No row: nothing conflicting is ahead.
+	qTicketAhead = ticketAheadCols + `,
+  IF(IS_USED_LOCK(` + ticketBellSQL + `) IS NULL, 0, t.token)` + ticketAheadFrom + `
 WHERE t.name = ? AND t.seq < ? AND (t.mode = 1 OR ? = 1) AND l.expires_at > UTC_TIMESTAMP(6)
   AND (SELECT COUNT(*) FROM {ticket} w WHERE w.name = t.name AND w.seq = t.seq LOCK IN SHARE MODE) > 0
 UNION ALL
-SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), 1
+SELECT 0, l.id, l.bell, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), l.expires_at), 1, 0
 FROM {queue} q JOIN {lease} l ON l.id = q.holder
 WHERE q.name = ? AND l.expires_at > UTC_TIMESTAMP(6)
 ORDER BY 1 DESC LIMIT 1`
@@ -1775,8 +1763,7 @@ const (
 	sTicketInsert
 	sTicketInsertAlone
 	sTicketInsertBell
-	sTicketBellWait
-	sTicketBellRelease
+	sTicketBellLetGo
 	sTicketNumber
 	sTicketAdd
 	sTicketTake
@@ -1887,8 +1874,7 @@ func newQueries(prefix string) *queries {
 	q.prepared[sTicketInsert] = r.Replace(qTicketInsert)
 	q.prepared[sTicketInsertAlone] = r.Replace(qTicketInsertAlone)
 	q.prepared[sTicketInsertBell] = r.Replace(qTicketInsertBell)
-	q.prepared[sTicketBellWait] = r.Replace(qTicketBellWait)
-	q.prepared[sTicketBellRelease] = r.Replace(qTicketBellRelease)
+	q.prepared[sTicketBellLetGo] = r.Replace(qTicketBellLetGo)
 	q.prepared[sTicketNumber] = r.Replace(qTicketNumber)
 	q.prepared[sTicketAdd] = r.Replace(qTicketAdd)
 	q.prepared[sTicketTake] = r.Replace(qTicketTake)

@@ -6,10 +6,7 @@ import (
 	"errors"
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/dsynclock/dsync/internal/connpool"
 )
 
 // The queued locks (FairMutex, RWMutex) share this machinery: a database
@@ -82,13 +79,12 @@ type readHold struct {
 type waiter struct {
 	ticket, token int64 // ticket is headSlot for a hold in the head slot
 	want
-	ahead    bool          // the enqueue saw a conflicting hold or ticket ahead
-	waited   bool          // its turn came after a wait (a failed check)
-	woken    bool          // a doorbell woke it since its last check (see checkTicket)
-	behind   int64         // when woken: the ticket it waited behind, 0 the head slot's holder
-	bellSkip int64         // the last ticket whose own doorbell woke it: waited for as before from then on (see awaitOwnBell)
-	front    chan struct{} // closed when the waiter is first in the local line
-	kick     chan struct{} // a value means: poll now, the line may have moved
+	ahead  bool          // the enqueue saw a conflicting hold or ticket ahead
+	waited bool          // its turn came after a wait (a failed check)
+	woken  bool          // a doorbell woke it since its last check (see checkTicket)
+	behind int64         // when woken: the ticket it waited behind, 0 the head slot's holder
+	front  chan struct{} // closed when the waiter is first in the local line
+	kick   chan struct{} // a value means: poll now, the line may have moved
 }
 
 // enqueue gives the calling goroutine a ticket in mode and a place at the
@@ -541,26 +537,44 @@ func (q *queued) wrap(op string, err error) error {
 }
 
 // awaitTicketBell waits for the nearest conflicting ticket ahead of w to
-// go, by blocking on its session's doorbell, or, with no such ticket
-// ahead, for the head slot's holder to free it, and tells the caller's
-// loop what to do next, as awaitBell does. The ticket's release rings for
-// the marker behind it, which w's enqueue usually left already
-// (qTicketInsert); w leaves one (qTicketWant) only when the read of whom
-// it waits for (qTicketAhead) finds none with the holder's token.
+// go, or, with no such ticket ahead, for the head slot's holder to free
+// it, and tells the caller's loop what to do next, as awaitBell does. It
+// first reads whom w waits for (qTicketAhead). A ticket whose own
+// doorbell is held (its enqueue took it, see qTicketInsertBell) is waited
+// for on that bell, which its release lets go: a block on a name that
+// reads no table (qBellWait), and no marker. Else w blocks on the
+// doorbell of the ticket's or the head slot holder's session, which
+// their release rings for the marker behind the ticket; w's enqueue
+// usually left that marker already (qTicketInsert), and w leaves one
+// (qTicketWant) only when the read finds none with the holder's token.
+//
+// A ticket's bell that woke w once (let go, or gone with its
+// connection) is never blocked on again (judge): the ticket's release
+// lets it go as it deletes the ticket, so a ticket still there after
+// such a wake has lost its bell (its doorbell connection dropped, or its
+// release rolled back), and w waits for it on its session's doorbell as
+// for a ticket without a bell. Each ticket ahead thus wakes w at once at
+// most once; the nearest ticket ahead only changes when tickets ahead
+// leave.
 func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, st *bellState) waitOutcome {
 	if !s.bell.usable() {
 		return waitPoll
 	}
 	s.bell.arm() // waiters behind this one wait on its doorbell (tickets queue behind it)
-	if w.mode != modeWeighted && !ticketBellsOff.Load() && !s.tickets.st.galera {
-		if out, ok := s.awaitOwnBell(ctx, name, w, st); ok {
-			return out
-		}
-	}
-	seq, ref, left, marked, several, err := s.tickets.ticketAhead(ctx, name, w)
+	seq, ref, left, marked, several, own, err := s.tickets.ticketAhead(ctx, name, w)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
+	}
+	if own.tok > 0 && !st.woke[own] {
+		// Its release lets the bell go before it commits, and the next
+		// check waits for that commit (see checkTicket).
+		st.judge(true, own, left, 0)
+		out := s.waiters.wait(ctx, s.done, own, left, bellWait, false, st, s.logger, name, kindQueue)
+		if out == waitTry {
+			w.woken, w.behind = true, seq
+		}
+		return out
 	}
 	ref, block, out := st.judge(err == nil, ref, left, 0)
 	switch {
@@ -600,62 +614,4 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		w.woken, w.behind = true, seq
 	}
 	return out
-}
-
-// ownBellRefs numbers awaitOwnBell's block refs, negated: never a
-// session's doorbell.
-var ownBellRefs atomic.Int64
-
-// awaitOwnBell waits for the nearest conflicting live ticket ahead of w
-// by blocking on that ticket's own doorbell (qTicketBellWait, one
-// statement that reads whom to wait for and blocks; ptd19 prototype), and
-// reports ok false when the caller must wait as before (qTicketAhead and
-// the session's doorbell): no conflicting ticket ahead (the head slot may
-// be held), the ticket ahead is one whose own doorbell woke w already and
-// is still there (it has none, or its session died: its connection let
-// the bell go; the old path paces to its lease's end), or no connection to
-// block on. A bell let go (its ticket's release, before that commits) or
-// timed out has the next check wait for the release to commit
-// (w.woken, see checkTicket).
-func (s *Session) awaitOwnBell(ctx context.Context, name string, w *waiter, st *bellState) (waitOutcome, bool) {
-	var seq, left, got sql.NullInt64
-	run := func(ctx context.Context, c *connpool.Conn) (bool, error) {
-		stmt, err := c.Stmt(ctx, s.tickets.st.pool, int(sTicketBellWait))
-		if err != nil {
-			return false, err
-		}
-		err = stmt.QueryRowContext(ctx, w.bellSkip, bellWait.Seconds(), name, w.ticket, w.mode).Scan(&seq, &left, &got)
-		if errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
-		return got.Valid && got.Int64 == 1, err
-	}
-	// A ref of its own, which no other call shares (sessions of a capped
-	// pool share a bellWaiter): the block is this wait's.
-	ref := bellRef{id: -ownBellRefs.Add(1)}
-	b, _ := s.waiters.joinRun(ctx, s.done, ref, run, bellWait+time.Second, false, s.logger, name, kindQueue)
-	if b == nil {
-		return 0, false
-	}
-	defer s.waiters.leave(b, false)
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		return waitTry, true // the caller returns ctx's error
-	case <-s.done:
-		return waitTry, true
-	}
-	if b.failed || !seq.Valid || !got.Valid {
-		return 0, false
-	}
-	st.moved()
-	w.woken, w.behind = true, seq.Int64
-	if got.Int64 == 1 || left.Int64 < int64(time.Second/time.Microsecond) {
-		// Woken from it: never again (its bell may be free for good).
-		// Or timed out with under a second of the holder's lease left,
-		// which MySQL's GET_LOCK rounds to whole seconds (maybe to no
-		// wait at all): the old path sleeps that out (bellWaiter.wait).
-		w.bellSkip = seq.Int64
-	}
-	return waitTry, true
 }

@@ -187,7 +187,7 @@ func startSession(ctx context.Context, db *sql.DB, o options, stats *counters) (
 	}
 	s.rows.bell = s.bell
 	st.lend = s.bell.lend
-	s.tickets = &tickets{st: st, id: s.id, bell: s.bell, lend: s.bell.lend, createRow: s.createQueueRow}
+	s.tickets = &tickets{st: st, id: s.id, bell: s.bell, createRow: s.createQueueRow}
 	go s.lease.keepAlive(s.stopped)
 	go s.reaper.reap()
 	go s.sweeper.run()

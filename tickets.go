@@ -24,9 +24,6 @@ type tickets struct {
 	st   *store
 	id   int64     // the session's lease id
 	bell *doorbell // the session's doorbell, which a release rings
-	// lend runs a statement on the doorbell's connection when it is free
-	// (doorbell.lend): the enqueue that takes the ticket's own doorbell.
-	lend func(context.Context, func(context.Context, *connpool.Conn) error) (bool, error)
 	// createRow creates the name's queue row when a statement finds it
 	// missing (the session's createQueueRow, which may wait: a wait of
 	// the lock call c, see Stats): a semaphore's of limit limit, or a
@@ -240,9 +237,9 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 			case wt.mode == modeWeighted:
 				res, err = t.st.exec(ctx, sSemInsert, name, wt.weight, t.id, token, wt.weight, name, wt.limit,
 					name, name, wt.limit, name, name, wt.limit, name, wt.weight, wt.limit)
-			case !ticketBellsOff.Load() && t.lend != nil && t.insertBelled(ctx, &res, &err, name, token, wt):
+			case t.insertBelled(ctx, &res, &err, name, token, wt):
 				// On the doorbell's connection, with the ticket's own
-				// doorbell (ptd19 prototype): no marker needed.
+				// doorbell: no marker needed.
 			case mark:
 				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
 			default:
@@ -268,26 +265,33 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 	}
 }
 
-// ticketBellsOff, when set (by tests), turns the tickets' own doorbells
-// off (ptd19 prototype): enqueues and waits are as before.
-var ticketBellsOff atomic.Bool
-
-// insertBelled runs qTicketInsertBell on the session's doorbell
-// connection, when it is free, setting *res and *err, and reports whether
-// it ran it.
+// insertBelled enqueues with qTicketInsertBell on the session's doorbell
+// connection, when it is free (see doorbell.lend), setting *res and *err,
+// and reports whether it ran it. The doorbell records the bell taken (see
+// doorbell.ticketFreed), so that the ticket's release lets it go; after
+// an error from the server it is let go at once (the GET_LOCK outlives a
+// statement rolled back). A statement that did not end cleanly drops the
+// connection, and its bells with it.
 func (t *tickets) insertBelled(ctx context.Context, res *sql.Result, err *error, name string, token int64, wt want) bool {
-	ran, e := t.lend(ctx, func(ctx context.Context, c *connpool.Conn) error {
+	bell := ticketBellName(t.id, token)
+	ran, e := t.bell.lend(ctx, func(ctx context.Context, c *connpool.Conn) error {
 		st, err := c.Stmt(ctx, t.st.pool, int(sTicketInsertBell))
 		if err != nil {
 			return err
 		}
 		*res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
-			return st.ExecContext(ctx, wt.mode, t.id, t.id, token, t.id, token, token, wt.mode, name)
+			return st.ExecContext(ctx, wt.mode, t.id, bell, bell, token, wt.mode, name)
 		}, 0)
+		t.bell.tookTicketBell(token)
 		return err
 	})
 	if ran {
 		*err = e
+		if e != nil {
+			// No ticket (rolled back), or one of unknown outcome, which
+			// dropped the connection and its bells already.
+			t.bell.ticketFreed(token, false)
+		}
 	}
 	return ran
 }
@@ -516,12 +520,14 @@ func (t *tickets) freeTicket(ctx context.Context, o orphan) (bool, error) {
 			res, err = t.st.exec(ctx, sQueueRelease, o.name, t.id, o.token)
 		} else {
 			res, err = t.st.exec(ctx, sTicketRelease, o.name, t.id, o.token, o.seq+markerBase)
-			// The ticket's own doorbell, if it has one, is held by the
-			// doorbell's connection: let it go there (ptd19 prototype).
-			// Whether the release freed anything or not: a ticket gone
-			// has nobody left to wait for its bell.
-			t.bell.releaseTicketBell(ctx, o.name, o.seq, t.id, o.token)
 		}
+	}
+	if o.seq != headSlot && err == nil {
+		// The ticket is gone (freed now, or before): its own doorbell,
+		// if the doorbell's connection holds it, was let go in the
+		// statement that ran there, or is let go there now. (After an
+		// error the reaper frees the ticket again.)
+		t.bell.ticketFreed(o.token, ran)
 	}
 	if err != nil {
 		return false, err
@@ -575,7 +581,7 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 			if o.seq == headSlot {
 				return st.ExecContext(ctx, next, next, cur, o.name, t.id, o.token)
 			}
-			return st.ExecContext(ctx, o.name, t.id, o.token, o.seq+markerBase, t.id, next, next, cur)
+			return st.ExecContext(ctx, o.name, t.id, o.token, ticketBellName(t.id, o.token), o.seq+markerBase, t.id, next, next, cur)
 		}, 0)
 		switch {
 		case errors.Is(err, driver.ErrBadConn):
@@ -618,19 +624,25 @@ func (t *tickets) freeRinging(ctx context.Context, o orphan) (ran bool, res sql.
 // the ticket already, so that its release rings (always true for the head
 // slot, whose release rings whenever tickets exist); sql.ErrNoRows when
 // nothing live is ahead. The read waits for a release of the ticket under
-// way. A semaphore's waiter reads whom it waits for with qSemAhead, which
-// also tells whether it is the first waiter behind several holders
-// (several: see Semaphore, "Waking"); several is false for the others.
-func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked, several bool, err error) {
+// way. own names the ticket's own doorbell when it is held (see
+// qTicketInsertBell; tok 0: it has none, or it is let go, or the head
+// slot is ahead). A semaphore's waiter reads whom it waits for with
+// qSemAhead, which also tells whether it is the first waiter behind
+// several holders (several: see Semaphore, "Waking"); several is false for
+// the others, and its tickets have no own doorbells.
+func (t *tickets) ticketAhead(ctx context.Context, name string, w *waiter) (seq int64, ref bellRef, left int64, marked, several bool, own bellRef, err error) {
 	err = t.st.withConn(ctx, false, func(ctx context.Context, c *connpool.Conn) error {
 		if w.mode == modeWeighted {
 			return t.st.query(ctx, c, sSemAhead, []any{name, w.ticket, name, w.ticket, w.limit,
 				name, w.ticket, name, w.ticket, name, w.ticket, w.limit},
 				&seq, &ref.id, &ref.gen, &left, &marked, &several)
 		}
-		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked)
+		return t.st.query(ctx, c, sTicketAhead, []any{name, w.ticket, w.mode, name}, &seq, &ref.id, &ref.gen, &left, &marked, &own.tok)
 	})
-	return seq, ref, left, marked, several, err
+	if own.tok > 0 {
+		own.id = ref.id
+	}
+	return seq, ref, left, marked, several, own, err
 }
 
 // wantTicket leaves a waiter's marker behind ticket seq of name
