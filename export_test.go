@@ -2,6 +2,7 @@ package dsync
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -175,9 +176,9 @@ func PurgeLater() (restore func()) {
 }
 
 // LockDoorbell holds the mutex of session s's doorbell, as while its
-// connection is in use, until the returned func runs.
+// connection is in use, until the returned func first runs.
 func LockDoorbell(s *Session) (unlock func()) {
 	b := s.current().bell
 	b.mu.Lock()
-	return b.mu.Unlock
+	return sync.OnceFunc(b.mu.Unlock)
 }

@@ -529,20 +529,7 @@ func TestLockInFlightWhenSessionEnds(t *testing.T) {
 				}
 			}},
 		{"FairMutex", func(s *dsync.Session, n string) lock { return dsync.NewFairMutex(s, n) },
-			func(t *testing.T, db *sql.DB, s *dsync.Session, name string) {
-				for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-					var n int
-					if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&n); err != nil {
-						t.Fatal(err)
-					}
-					if n == 1 {
-						return
-					}
-					if time.Now().After(end) {
-						t.Fatalf("tickets of the waiter: got %d; want 1", n)
-					}
-				}
-			}},
+			awaitTicketOf},
 	}
 	noPause := func() backoff.BackOff { return &backoff.ZeroBackOff{} }
 	for _, tt := range tests {

@@ -87,11 +87,7 @@ func TestOwnBellCancelledAhead(t *testing.T) {
 		t.Fatal("m2 took the lock while m1 held it")
 	}
 	time.Sleep(300 * time.Millisecond) // m3 wakes and waits for m1
-	select {
-	case err := <-got3:
-		t.Fatalf("m3 got the lock while m1 held it (%v)", err)
-	default:
-	}
+	notReturned(t, got3, "m1 held the lock")
 	if err := m1.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -133,18 +129,7 @@ func holdByBelledTicket(t *testing.T, db *sql.DB, name string) (*dsync.Session, 
 	}
 	h := dsync.NewFairMutex(sh, name)
 	got := lockAsync(ctx, h)
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var n int
-		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?", name, sh.ID()).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("the holder's ticket is not in the table after 5s")
-		}
-	}
+	awaitTicketOf(t, db, sh, name)
 	if err := m0.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -208,10 +193,7 @@ const userLockWaitsSQL = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WH
 // statement on the table behind it, waited for it.
 func TestOwnBellBlockHoldsNoTable(t *testing.T) {
 	ctx := context.Background()
-	name := lockName(t)
-	db := dbtest.Open(t)
-	_, h, _ := holdByBelledTicket(t, db, name)
-	got := blockedWaiters(t, db, name, 2)
+	db, _, h, got := belledLine(t, 2)
 	time.Sleep(200 * time.Millisecond) // well into their blocks
 
 	var comment string
@@ -235,11 +217,7 @@ func TestOwnBellBlockHoldsNoTable(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "ALTER TABLE dsync_ticket COMMENT = '"+strings.ReplaceAll(comment, "'", "''")+"'"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		t.Fatalf("a waiter returned while the holder held the lock (%v)", err)
-	default:
-	}
+	notReturned(t, got, "the holder held the lock")
 	if err := h.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -257,12 +235,10 @@ func TestOwnBellBlockHoldsNoTable(t *testing.T) {
 // lets the bell go once free, which wakes the waiter behind the ticket.
 func TestOwnBellUnlockDoorbellBusy(t *testing.T) {
 	ctx := context.Background()
-	name := lockName(t)
-	db := dbtest.Open(t)
-	sh, h, _ := holdByBelledTicket(t, db, name)
-	got := blockedWaiters(t, db, name, 1)
+	_, sh, h, got := belledLine(t, 1)
 
 	unlockBell := dsync.LockDoorbell(sh)
+	t.Cleanup(unlockBell) // before the sessions close
 	uctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	start := time.Now()
@@ -271,7 +247,6 @@ func TestOwnBellUnlockDoorbellBusy(t *testing.T) {
 	select {
 	case err := <-unlocked:
 		if took := time.Since(start); err != nil {
-			unlockBell()
 			t.Fatalf("Unlock with the doorbell busy: got %v after %v; want nil", err, took.Round(time.Millisecond))
 		}
 	case <-time.After(3 * time.Second):
@@ -281,12 +256,7 @@ func TestOwnBellUnlockDoorbellBusy(t *testing.T) {
 	}
 	took := time.Since(start)
 	time.Sleep(time.Second) // the waiter stays blocked on the bell: nothing let it go
-	select {
-	case err := <-got:
-		unlockBell()
-		t.Fatalf("the waiter returned (%v) with the bell held", err)
-	default:
-	}
+	notReturned(t, got, "the bell was held")
 	freed := time.Now()
 	unlockBell()
 	if err := <-got; err != nil {
@@ -297,4 +267,44 @@ func TestOwnBellUnlockDoorbellBusy(t *testing.T) {
 	if woke > takeBound {
 		t.Errorf("the waiter took the lock %v after the doorbell was free; want well before bellWait (8s)", woke.Round(time.Millisecond))
 	}
+}
+
+// awaitTicketOf waits until session s has a ticket in the line of name.
+func awaitTicketOf(t *testing.T, db *sql.DB, s *dsync.Session, name string) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		var n int
+		if err := db.QueryRow("SELECT COUNT(*) FROM dsync_ticket WHERE name = ? AND holder = ?", name, s.ID()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("tickets of session %d: got %d; want 1", s.ID(), n)
+		}
+	}
+}
+
+// notReturned fails t when the Lock call whose result comes on got has
+// returned: what holds the lock.
+func notReturned(t *testing.T, got chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		t.Fatalf("a waiter returned (%v) while %s", err, what)
+	default:
+	}
+}
+
+// belledLine has a session hold a new name by a ticket with its own
+// doorbell (holdByBelledTicket) and n waiters block behind it
+// (blockedWaiters), and returns a connection pool of the test's
+// database, the holder's session and FairMutex, and the waiters' results.
+func belledLine(t *testing.T, n int) (*sql.DB, *dsync.Session, *dsync.FairMutex, chan error) {
+	t.Helper()
+	name := lockName(t)
+	db := dbtest.Open(t)
+	sh, h, _ := holdByBelledTicket(t, db, name)
+	return db, sh, h, blockedWaiters(t, db, name, n)
 }
