@@ -566,9 +566,10 @@ func (s *Session) awaitTicketBell(ctx context.Context, name string, w *waiter, s
 		s.logger.Debug("dsync: wait for doorbell failed", "lock", name, "kind", kindQueue, "err", err)
 		return waitPace
 	}
-	if own.tok > 0 && !st.woke[own] {
+	if own.tok > 0 && own.id != s.id && !st.woke[own] {
 		// Its release lets the bell go before it commits, and the next
-		// check waits for that commit (see checkTicket).
+		// check waits for that commit (see checkTicket). (A ticket of
+		// this session is waited for as before: its release kicks.)
 		st.judge(true, own, left, 0)
 		out := s.waiters.wait(ctx, s.done, own, left, bellWait, false, st, s.logger, name, kindQueue)
 		if out == waitTry {
