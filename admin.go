@@ -72,7 +72,11 @@ type LockInfo struct {
 	// overestimate: since the ticket was taken or, for KindWrite, since
 	// the exclusive hold before it began, whichever is later. The same
 	// goes for KindSemaphore (a ticket whose permits fit, see
-	// [Semaphore]). Holds taken
+	// [Semaphore]). A read hold or a Semaphore's permits that waited
+	// record when they began right after RLock or Acquire has returned
+	// (a statement sent in the background, so that the handoff does not
+	// wait for its commit): until it lands, Held is such an overestimate
+	// too. Holds taken
 	// by a dsync of schema version 5 on upgraded tables (see
 	// [ErrSchemaVersion]) show a wrong Held.
 	Held time.Duration

@@ -1195,8 +1195,10 @@ ON DUPLICATE KEY UPDATE token = VALUES(token)`
 	// its check (qTicketConflicts) finds nothing conflicting ahead any more;
 	// so does a Semaphore's, once its take (qSemTake) took a fence after a
 	// wait. Only a reader or Semaphore that waited runs it, so the
-	// uncontended paths pay nothing. Args: name, ticket, lease id, token. RowsAffected is not
-	// used: the ticket's hold does not depend on it.
+	// uncontended paths pay nothing; it is sent in the background, after
+	// the call returned (see tickets.granted), and finds nothing to update
+	// when the release came first. Args: name, ticket, lease id, token.
+	// RowsAffected is not used: the ticket's hold does not depend on it.
 	qTicketGranted = `UPDATE {ticket} SET held_since = UTC_TIMESTAMP(6) WHERE name = ? AND seq = ? AND holder = ? AND token = ?`
 
 	// qTicketsOrphaned lists up to 1000 tickets whose lease row is gone

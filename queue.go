@@ -330,7 +330,7 @@ func (s *Session) acquireTicket(ctx context.Context, c *call, name string, lq *l
 				// "Waking"). And record when this hold began, as a reader
 				// that waited does, for ListLocks.
 				s.bell.ring()
-				s.tickets.granted(ctx, name, w)
+				s.tickets.granted(name, w)
 			}
 			return w, fence, nil
 		}

@@ -392,3 +392,76 @@ func TestEnqueueDuplicateTicketFails(t *testing.T) {
 	}
 	t.Logf("Lock: %v", err)
 }
+
+// TestReadHandoffDoesNotWaitForItsRecord: a reader that waited records
+// when its hold began (for ListLocks) after RLock has returned, not on the
+// handoff's path, where the record's commit cost a writer → reader handoff
+// about a third of its time. Another transaction keeps the reader's
+// ticket row locked, so that the record cannot land: RLock must return
+// while the record still waits for the row, and the record must land
+// once the row is free (Held is then the age of the hold, not of the
+// wait).
+func TestReadHandoffDoesNotWaitForItsRecord(t *testing.T) {
+	ctx := context.Background()
+	db, prefix, a, b := twoSessions(t, "rec", "writer", "reader")
+	tickets := prefix + "ticket"
+	name := lockName(t)
+	w, r := dsync.NewRWMutex(a, name), dsync.NewRWMutex(b, name)
+	if err := w.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- r.RLock(ctx) }()
+	waitRows(t, db, 10*time.Second, 1, "SELECT COUNT(*) FROM "+tickets+" WHERE name = ? AND holder = ?", name, b.ID())
+	time.Sleep(300 * time.Millisecond) // the reader's wait, which Held must not count
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var seq int64
+	if err := tx.QueryRow("SELECT seq FROM "+tickets+" WHERE name = ? AND holder = ? FOR UPDATE", name, b.ID()).Scan(&seq); err != nil {
+		t.Fatalf("lock the reader's ticket row: %v", err)
+	}
+	unlocked := time.Now()
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("RLock: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("RLock did not return within 10s of the writer's Unlock")
+	}
+	returned := time.Since(unlocked)
+	// RLock has returned; the record must still wait for the row (the
+	// session's lock wait timeout is 5s): the handoff did not wait for it.
+	// Where RLock waited for it, it failed (lock wait timeout) first.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var waiting int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.INNODB_TRX
+WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%held_since = UTC_TIMESTAMP(6) WHERE%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record of the hold's start waits for the reader's ticket row (seq %d) after RLock returned (%v after the Unlock): RLock waited for it", seq, returned)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	waitForLocks(t, db, prefix, "the reader's hold, held since the writer's Unlock", func(ls []dsync.LockInfo) bool {
+		return len(ls) == 1 && ls[0].Kind == dsync.KindRead && ls[0].Held < time.Since(unlocked)+heldSlack
+	})
+	if err := r.RUnlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -312,6 +312,7 @@ func (s *Session) closeLease() error {
 	s.stop()
 	<-s.lease.exited
 	<-s.reaper.exited
+	s.tickets.records.stop()
 	s.txHolds.stop()
 	s.bell.stop()
 	if s.ownWaiters {

@@ -24,6 +24,9 @@ type tickets struct {
 	st   *store
 	id   int64     // the session's lease id
 	bell *doorbell // the session's doorbell, which a release rings
+	// records runs the records of when a hold that waited began
+	// (granted), after its call has returned.
+	records background
 	// createRow creates the name's queue row when a statement finds it
 	// missing (the session's createQueueRow, which may wait: a wait of
 	// the lock call c, see Stats): a semaphore's of limit limit, or a
@@ -400,13 +403,13 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 	case woken && w.mode == modeShared:
 		ahead, err = t.conflictsWoken(ctx, name, w.ticket, w.mode, behind)
 		if err == nil && ahead == 0 {
-			t.granted(ctx, name, w)
+			t.granted(name, w)
 		}
 		return ahead, 0, err
 	case w.mode == modeShared || (!first && !woken):
 		ahead, err = t.conflicts(ctx, name, 0, w.ticket, w.mode)
 		if err == nil && ahead == 0 && w.mode == modeShared {
-			t.granted(ctx, name, w)
+			t.granted(name, w)
 		}
 		if err != nil || ahead > 0 || w.mode == modeShared {
 			return ahead, 0, err
@@ -446,13 +449,54 @@ func (t *tickets) checkTicket(ctx context.Context, c *call, name string, w *wait
 }
 
 // granted records that the shared or weighted ticket of w, which waited,
-// holds the lock from now on (qTicketGranted), for ListLocks. The hold does not
-// depend on it: a failure is only logged, and the ticket's held_since
-// stays the time of its insert, earlier than the hold's start.
-func (t *tickets) granted(ctx context.Context, name string, w *waiter) {
-	if _, err := t.st.exec(ctx, sTicketGranted, name, w.ticket, t.id, w.token); err != nil {
-		t.st.logger.Debug("dsync: record the start of a read hold failed", "lock", name, "err", err)
+// holds the lock from now on (qTicketGranted), for ListLocks. The record
+// is sent in the background, so that the call returns as soon as its turn
+// came: it is a commit, which would add its time to every handoff to a
+// reader (about half of it, measured: see docs/DESIGN.md, "Fairness").
+// The hold does not depend on it: until it lands, or if it fails (only
+// logged), the ticket's held_since stays the time of its insert, earlier
+// than the hold's start, which ListLocks reports as for a ticket whose
+// turn came before its holder saw it. A release that lands first leaves
+// it nothing to update.
+func (t *tickets) granted(name string, w *waiter) {
+	seq, token := w.ticket, w.token
+	t.records.run(func() {
+		if _, err := t.st.exec(t.st.stopped, sTicketGranted, name, seq, t.id, token); err != nil {
+			t.st.logger.Debug("dsync: record the start of a read hold failed", "lock", name, "err", err)
+		}
+	})
+}
+
+// A background runs short statements of a session after the call that
+// needed them has returned, and is stopped, waiting for them, when the
+// session closes (their context, the session's stopped, has ended by
+// then).
+type background struct {
+	mu      sync.Mutex
+	stopped bool // guarded by mu: stop was called; run runs nothing more
+	wg      sync.WaitGroup
+}
+
+// run runs f in a goroutine of its own, unless b is stopped.
+func (b *background) run(f func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return
 	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+}
+
+// stop makes run run nothing more, and waits for what it ran.
+func (b *background) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
+	b.wg.Wait()
 }
 
 // maxCreates bounds how often one enqueue or turn check creates the name's
