@@ -172,18 +172,21 @@ func TestAheadReadWaitsForRelease(t *testing.T) {
 // a handoff of a FairMutex, and of an RWMutex from writer to writer and
 // between a writer and a reader, between two sessions that take turns: the
 // holder unlocks while the other session's Lock is blocked on its
-// doorbell. A handoff costs the waiter's enqueue (its ticket, and its
-// marker behind the ticket ahead, in one statement), the read of whom it
-// waits for, its block on the doorbell, the release, which rings in its
-// own statement (qTicketReleaseRing), the woken waiter's take in one
-// statement (qTicketTakeWoken), and the releaser's publication of its
-// next doorbell generation: 6 in all (6.5 on average between a writer and
-// a reader: a reader's woken check only reads, and a reader that waited
-// then records when its hold began, qTicketGranted, for ListLocks). The
-// code before left the marker in a statement of its own: 8 (and 10
-// before that, when the release rang after it and the line was counted
-// before the take). The count is global to the server, so other traffic
-// (a lease renewal) can only add: a few tries, and the fewest counts.
+// doorbell. A handoff costs the waiter's enqueue (its ticket, which takes
+// the ticket's own doorbell, in one statement), the read of whom it waits
+// for, its block on the holder ticket's own doorbell, the release, which
+// lets that bell go in its own statement (qTicketReleaseRing), and the
+// woken waiter's take in one statement (qTicketTakeWoken): 5 in all (5.5
+// on average between a writer and a reader: a reader's woken check only
+// reads, and a reader that waited then records when its hold began,
+// qTicketGranted, for ListLocks). Before the tickets' own doorbells the
+// enqueue left a marker behind the ticket ahead, the release rang the
+// session's doorbell for it, and the releaser published its next
+// generation: 6; the code before that left the marker in a statement of
+// its own: 8 (and 10 before that, when the release rang after it and the
+// line was counted before the take). The count is global to the server,
+// so other traffic (a lease renewal) can only add: a few tries, and the
+// fewest counts.
 func TestQueuedHandoffStatements(t *testing.T) {
 	slowTest(t)
 	ctx := context.Background()
@@ -194,15 +197,15 @@ func TestQueuedHandoffStatements(t *testing.T) {
 		most   int64 // statements for two handoffs, there and back
 		locker func(s *dsync.Session, name string, i int) lockFuncs
 	}{
-		{"FairMutex", 13, func(s *dsync.Session, name string, _ int) lockFuncs {
+		{"FairMutex", 11, func(s *dsync.Session, name string, _ int) lockFuncs {
 			m := dsync.NewFairMutex(s, name)
 			return lockFuncs{m.Lock, m.Unlock}
 		}},
-		{"RWMutex writer to writer", 13, func(s *dsync.Session, name string, _ int) lockFuncs {
+		{"RWMutex writer to writer", 11, func(s *dsync.Session, name string, _ int) lockFuncs {
 			m := dsync.NewRWMutex(s, name)
 			return lockFuncs{m.Lock, m.Unlock}
 		}},
-		{"RWMutex writer to reader", 14, func(s *dsync.Session, name string, i int) lockFuncs {
+		{"RWMutex writer to reader", 12, func(s *dsync.Session, name string, i int) lockFuncs {
 			m := dsync.NewRWMutex(s, name)
 			if i == 1 {
 				return lockFuncs{m.RLock, m.RUnlock}
