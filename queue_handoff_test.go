@@ -446,8 +446,8 @@ func TestReadHandoffDoesNotWaitForItsRecord(t *testing.T) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var waiting int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.INNODB_TRX
-WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%held_since = UTC_TIMESTAMP(6) WHERE%'`).Scan(&waiting); err != nil {
+		if err := db.QueryRow(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE info LIKE 'UPDATE %` + tickets + `% SET held_since = UTC_TIMESTAMP(6) WHERE%'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting == 1 {

@@ -69,6 +69,12 @@ func (s *store) releasePool() {
 // in flight, which must stay bound to stopped.
 type closingKey struct{}
 
+// poolOnlyKey marks the ctx of a background statement that must not take
+// the session's doorbell connection (see store.use): one that nobody
+// waits for, which would send the lock statements that came meanwhile to
+// the pool, off the doorbell's ring path (see tickets.granted).
+type poolOnlyKey struct{}
+
 // closingCtx returns the ctx for Close's own statements.
 func closingCtx(ctx context.Context) context.Context {
 	return context.WithValue(ctx, closingKey{}, true)
@@ -114,7 +120,7 @@ func (s *store) use(ctx context.Context, priority bool, f func(context.Context, 
 	if priority && s.leaseConn != nil {
 		return s.leaseConn.use(ctx, s.pool, f)
 	}
-	if !priority && s.lend != nil {
+	if !priority && s.lend != nil && ctx.Value(poolOnlyKey{}) == nil {
 		if ran, err := s.lend(ctx, f); ran {
 			return err
 		}
