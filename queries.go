@@ -1079,8 +1079,9 @@ LOCK IN SHARE MODE`
 	// the head slot the published generation is read: that read takes no
 	// lock, and the slot's release may have rung for this waiter. A
 	// sixth column is the token of the ticket's holder when the ticket's
-	// own doorbell is held (see qTicketInsertBell), else 0 (and 0 for the
-	// head slot): then the waiter blocks on that bell instead
+	// own doorbell is held (see qTicketInsertBell); it is 0 when that bell
+	// is not held, and for the head slot. When it is not 0, the waiter
+	// blocks on that bell instead
 	// (qBellWait on ticketBellName, a statement that reads no table) and
 	// leaves no marker. The bell is read after the ticket's share lock is
 	// granted, so a release under way has let it go and committed by

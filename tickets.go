@@ -207,7 +207,11 @@ func (t *tickets) lockKindOn(ctx context.Context, c *connpool.Conn, name string)
 // qTicketInsert). With mark, a single server's enqueue also leaves the
 // waiter's marker behind the nearest conflicting ticket ahead (qTicketInsert);
 // without it the insert is qTicketInsertAlone, cheaper where nothing is
-// ahead (a waiter then leaves its marker with qTicketWant). After an error whose outcome is unknown (unknown set)
+// ahead (a waiter then leaves its marker with qTicketWant). On the
+// session's doorbell connection, when it is free, the insert takes the
+// ticket's own bell instead and leaves no marker, mark or not
+// (insertBelled): a waiter behind a ticket without a bell then leaves
+// its marker with qTicketWant. After an error whose outcome is unknown (unknown set)
 // the ticket may be in the table: the caller removes it (see undo).
 //
 // The name's row may go at any moment while no ticket of the name exists
@@ -242,7 +246,8 @@ func (t *tickets) insertTicket(ctx context.Context, c *call, name string, token 
 					name, name, wt.limit, name, name, wt.limit, name, wt.weight, wt.limit)
 			case t.insertBelled(ctx, &res, &err, name, token, wt):
 				// On the doorbell's connection, with the ticket's own
-				// doorbell: no marker needed.
+				// doorbell, and no marker: the waiter leaves one
+				// (qTicketWant) only if the ticket ahead has no bell.
 			case mark:
 				res, err = t.st.exec(ctx, sTicketInsert, wt.mode, t.id, token, wt.mode, name, name, wt.mode)
 			default:
@@ -285,7 +290,14 @@ func (t *tickets) insertBelled(ctx context.Context, res *sql.Result, err *error,
 		*res, err = retryRolledBackN(ctx, func() (sql.Result, error) {
 			return st.ExecContext(ctx, wt.mode, t.id, bell, bell, token, wt.mode, name)
 		}, 0)
-		t.bell.tookTicketBell(token)
+		took := true // a statement that failed may have taken it, and rolled back
+		if err == nil {
+			n, _ := (*res).LastInsertId()
+			took = n > 1 // 0: no row of the name, so no GET_LOCK ran
+		}
+		if took {
+			t.bell.tookTicketBell(token)
+		}
 		return err
 	})
 	if ran {
