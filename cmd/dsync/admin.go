@@ -51,7 +51,9 @@ Columns:
            waiter whose turn has come but who has not seen it yet (a poll
            or a doorbell away: milliseconds) is listed as the holder, its
            HELD counted from when it began to wait (or, for write, from
-           when the write hold before it began, if that is later).
+           when the write hold before it began, if that is later); so is
+           a read or semaphore hold that waited, for the moment after its
+           call returned until its record of the start lands.
   WAITERS  the sessions that wait for the lock, as far as the database
            records them:
            write, read, leader, semaphore: exact. Every session in line
