@@ -444,22 +444,7 @@ func TestUnlockAfterDoorbellConnectionKilled(t *testing.T) {
 		if conn == 0 {
 			t.Fatalf("round %d: no connection holds the holder's doorbell", round)
 		}
-		if _, err := db.Exec(fmt.Sprintf("KILL CONNECTION %d", conn)); err != nil {
-			t.Fatal(err)
-		}
-		// The fault happened: the doorbell is free, its connection gone.
-		var left int
-		for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?", conn).Scan(&left); err != nil {
-				t.Fatal(err)
-			}
-			if left == 0 {
-				break
-			}
-			if time.Now().After(end) {
-				t.Fatalf("round %d: connection %d still there after KILL", round, conn)
-			}
-		}
+		killConn(t, db, conn) // the fault happened: the doorbell is free, its connection gone
 		if err := holder.Unlock(ctx); err != nil {
 			t.Fatalf("round %d: Unlock after the doorbell's connection was killed: %v", round, err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,10 +36,7 @@ func TestOwnBellGoneNoSpin(t *testing.T) {
 	sh, h, bell := holdByBelledTicket(t, db, name)
 
 	w := startSpinWaitersOf(t, fairOps, dbtest.DSN(), name, waiters, time.Minute)
-	if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(bell, 10)); err != nil {
-		t.Fatal(err)
-	}
-	awaitGone(t, db, bell)
+	killConn(t, db, bell)
 	var holderConn sql.NullInt64
 	if err := db.QueryRow(ownBellHolderSQL, name, sh.ID()).Scan(&holderConn); err != nil {
 		t.Fatal(err)
@@ -79,10 +75,7 @@ func TestOwnBellFlickerNoSpin(t *testing.T) {
 		t.Fatal(err)
 	}
 	bellName := fmt.Sprintf("dsynct:%x:%x", sh.ID(), token)
-	if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(bell, 10)); err != nil {
-		t.Fatal(err)
-	}
-	awaitGone(t, db, bell)
+	killConn(t, db, bell)
 
 	// The flicker: a connection of its own holds the bell 10ms, lets it
 	// go, and takes it again as soon as it can (a waiter blocked on it

@@ -191,6 +191,17 @@ func awaitBellOf(t *testing.T, db *sql.DB, id int64) int64 {
 	}
 }
 
+// killConn kills the server's connection conn (KILL CONNECTION) and
+// waits until it has gone (awaitGone): the fault of a connection cut on
+// the server's side.
+func killConn(t *testing.T, db *sql.DB, conn int64) {
+	t.Helper()
+	if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(conn, 10)); err != nil {
+		t.Fatal(err)
+	}
+	awaitGone(t, db, conn)
+}
+
 // awaitGone waits until the server's connection conn has gone.
 func awaitGone(t *testing.T, db *sql.DB, conn int64) {
 	t.Helper()
@@ -309,10 +320,7 @@ func TestWaitersDoNotSpinOnFaults(t *testing.T) {
 		conn := bellOf(t, db, h.ID())
 		w := startSpinWaiters(t, dsn, name, waiters, long)
 		q0, from := serverQuestions(t, db), time.Now()
-		if _, err := db.Exec("KILL CONNECTION " + strconv.FormatInt(conn, 10)); err != nil {
-			t.Fatal(err)
-		}
-		awaitGone(t, db, conn)
+		killConn(t, db, conn)
 		time.Sleep(2 * time.Second)
 		checkRate(t, db, q0, from, waiters)
 		w.takenWithin(t, unlock(t, m), "the Unlock")
