@@ -340,9 +340,7 @@ type txRecord struct{ id, token, fence int64 }
 // txIdleConns kept idle), and the records of the holds it took in each
 // transaction. It has a mutex of its own.
 type txHolds struct {
-	wg      sync.WaitGroup // goroutines waiting for a LockTx hold's transaction to end
-	mu      sync.Mutex
-	closed  bool                      // guarded by mu; no new such goroutine starts
+	watches background                // goroutines waiting for a LockTx hold's transaction to end
 	conns   connpool.Kept             // the connections of those goroutines, in use or idle
 	records *sync.Map                 // txKey to txRecord; see remember
 	txq     atomic.Pointer[txQueries] // LockTx's statements, made at its first use (see queries)
@@ -471,25 +469,14 @@ func (h *txHolds) queries(ctx context.Context, st *store, prefix string) (*txQue
 // fence, held in l) when its transaction ends. It reports false, starting
 // nothing, once Close has begun.
 func (s *Session) watchTx(l *localLock, name string, token, fence int64) bool {
-	h := s.txHolds
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return false
-	}
-	h.wg.Add(1)
-	go s.awaitTxEnd(l, name, token, fence)
-	return true
+	return s.txHolds.watches.run(func() { s.awaitTxEnd(l, name, token, fence) })
 }
 
 // stop waits for the goroutines of LockTx holds, which end with the
 // session (the holds do not: each lasts until its transaction ends), and
 // closes their idle connections.
 func (h *txHolds) stop() {
-	h.mu.Lock()
-	h.closed = true
-	h.mu.Unlock()
-	h.wg.Wait()
+	h.watches.stop()
 	h.closeIdle()
 }
 
@@ -516,7 +503,6 @@ const txPollMax = 500 * time.Millisecond
 // ends first, the hold ends in the process only; the transaction keeps the
 // row until it ends, and the lease's end frees it after a rollback.
 func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
-	defer s.txHolds.wg.Done()
 	ctx := s.stopped
 	var c *connpool.Conn
 	if s.bell.allowed {
@@ -571,9 +557,7 @@ func (s *Session) awaitTxEnd(l *localLock, name string, token, fence int64) {
 		return
 	}
 	h := s.txHolds
-	h.mu.Lock()
-	keep := ended && !h.closed && s.stopped.Err() == nil
-	h.mu.Unlock()
+	keep := ended && !h.watches.isStopped() && s.stopped.Err() == nil
 	h.conns.PutIdle(c, keep, txIdleConns)
 }
 

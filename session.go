@@ -364,3 +364,45 @@ func validKeyedName(name string) error {
 	}
 	return fmt.Errorf("%w: %q (at most 254 bytes for an Election or a Semaphore)", ErrInvalidName, name)
 }
+
+// A background runs goroutines of a session that outlive the call that
+// started them (the record of a hold's start, tickets.granted; the watch
+// of a LockTx hold's transaction, watchTx), and is stopped, waiting for
+// them, when the session closes (their context, the session's stopped,
+// has ended by then).
+type background struct {
+	mu      sync.Mutex
+	stopped bool // guarded by mu: stop was called; run runs nothing more
+	wg      sync.WaitGroup
+}
+
+// run runs f in a goroutine of its own and reports true, unless b is
+// stopped.
+func (b *background) run(f func()) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return false
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// isStopped reports whether stop was called.
+func (b *background) isStopped() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stopped
+}
+
+// stop makes run run nothing more, and waits for what it ran.
+func (b *background) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.mu.Unlock()
+	b.wg.Wait()
+}

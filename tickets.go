@@ -483,38 +483,6 @@ func (t *tickets) granted(name string, w *waiter) {
 	})
 }
 
-// A background runs short statements of a session after the call that
-// needed them has returned, and is stopped, waiting for them, when the
-// session closes (their context, the session's stopped, has ended by
-// then).
-type background struct {
-	mu      sync.Mutex
-	stopped bool // guarded by mu: stop was called; run runs nothing more
-	wg      sync.WaitGroup
-}
-
-// run runs f in a goroutine of its own, unless b is stopped.
-func (b *background) run(f func()) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopped {
-		return
-	}
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		f()
-	}()
-}
-
-// stop makes run run nothing more, and waits for what it ran.
-func (b *background) stop() {
-	b.mu.Lock()
-	b.stopped = true
-	b.mu.Unlock()
-	b.wg.Wait()
-}
-
 // maxCreates bounds how often one enqueue or turn check creates the name's
 // row again (see insertTicket).
 const maxCreates = 3
